@@ -1,0 +1,61 @@
+# qmpprof — the two commands a newcomer needs are `make demo` and `make test`.
+# Each installs what is missing first: Debian packages (QEMU, GDB, a C toolchain),
+# a virtualenv in .venv with qmpprof and its test tools.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+APT_PACKAGES := qemu-system-x86 gdb gcc make binutils
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: help demo test unit integration lint format deps system-deps guest clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+demo: deps guest  ## boot the example guest, profile it 10 s, write demo/, print the hottest stacks
+	@PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/demo.sh
+
+test: deps guest  ## run every test (unit, then integration against a real QEMU)
+	$(BIN)/pytest -q tests
+
+unit: deps  ## unit tests only (no QEMU)
+	$(BIN)/pytest -q tests/unit
+
+integration: deps guest  ## integration tests only (boots the example guest)
+	$(BIN)/pytest -q tests/integration
+
+lint: deps  ## ruff (lint + format check) and mypy --strict
+	$(BIN)/ruff check qmpprof tests bench
+	$(BIN)/ruff format --check qmpprof tests bench
+	$(BIN)/mypy qmpprof
+
+format: deps  ## reformat the code with ruff
+	$(BIN)/ruff format qmpprof tests bench
+	$(BIN)/ruff check --fix qmpprof tests bench
+
+deps: system-deps $(STAMP)
+
+system-deps:  ## install QEMU, GDB and a C toolchain from Debian's packages if missing
+	@missing=""; \
+	for tool in qemu-system-x86_64 gdb gcc make ld; do \
+	  command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages for:$$missing"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
+	fi
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+guest:  ## build the example guest OS
+	$(MAKE) -s -C examples/guest
+
+clean:  ## remove the venv, demo output and guest builds
+	rm -rf $(VENV) demo examples/guest/build

@@ -1,0 +1,5 @@
+import sys
+
+from qmpprof.cli import main
+
+sys.exit(main())

@@ -1,0 +1,39 @@
+"""`qmpprof dump`: the current stack of every vCPU, once. A paused VM stays paused."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import Console
+
+from qmpprof.commands.common import TargetOptions, build_analyzer, connected
+from qmpprof.errors import KernelMismatch
+from qmpprof.output.dump import dump_json, dump_text
+from qmpprof.record.capture import CaptureConfig, capture_vcpus
+from qmpprof.symbols.coverage import KernelCoverage
+from qmpprof.target.qmp import paused
+
+
+@dataclass(frozen=True)
+class DumpOptions:
+    target: TargetOptions
+    as_json: bool = False
+    show_addresses: bool = False
+
+
+async def run_dump(options: DumpOptions, out: Console) -> None:
+    """Print every vCPU's stack. Raises QmpprofError (KernelMismatch after printing)."""
+    analyzer = build_analyzer(options.target)
+    capture = CaptureConfig(stack_bytes=options.target.stack_bytes)
+    async with connected(options.target) as (session, memory), paused(session):
+        raws = await capture_vcpus(session, memory, capture)
+    samples = [analyzer.analyze(raw) for raw in raws]
+    if options.as_json:
+        out.out(dump_json(samples), highlight=False)
+    else:
+        out.out(dump_text(samples, options.show_addresses), highlight=False, end="")
+    coverage = KernelCoverage(min_samples=1)
+    for sample in samples:
+        coverage.add(sample)
+    if options.target.kernel is not None and coverage.mismatched:
+        raise KernelMismatch(coverage.describe(str(options.target.kernel)))

@@ -1,0 +1,41 @@
+"""Guest memory as the unwinder sees it: a reader that may fault on any read."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+from typing import Protocol
+
+from qmpprof.errors import MemoryFault
+from qmpprof.model import MemoryWindow
+
+_U64 = struct.Struct("<Q")
+
+
+class MemoryReader(Protocol):
+    """Reads guest virtual memory. Raises MemoryFault (with the address) on failure."""
+
+    def read(self, address: int, size: int) -> bytes: ...
+
+
+class WindowMemory:
+    """A MemoryReader over captured windows of guest memory; anything else faults."""
+
+    def __init__(self, windows: Iterable[MemoryWindow]) -> None:
+        self._windows = tuple(w for w in windows if w.data)
+
+    def read(self, address: int, size: int) -> bytes:
+        for window in self._windows:
+            start = address - window.base
+            if start >= 0 and address + size <= window.end:
+                return window.data[start : start + size]
+        raise MemoryFault(address, size)
+
+
+def read_u64(memory: MemoryReader, address: int) -> int:
+    """Read one little-endian 64-bit word. Raises MemoryFault."""
+    data = memory.read(address, 8)
+    if len(data) != 8:
+        raise MemoryFault(address, 8)
+    value: int = _U64.unpack(data)[0]
+    return value

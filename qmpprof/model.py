@@ -1,0 +1,147 @@
+"""The data that flows through qmpprof: small frozen types that import nothing internal.
+
+A `RawSample` is what one tick captured from one vCPU; everything downstream
+(unwinding, symbolization, aggregation, output) is computed from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Mode(Enum):
+    """What a vCPU was doing when it was sampled."""
+
+    KERNEL = "kernel"
+    USER = "user"
+    IDLE = "idle"
+
+
+class FrameKind(Enum):
+    """How a frame's address was obtained, which decides how to symbolize it."""
+
+    #: The exact address of the next instruction to run (the sampled RIP).
+    INSTRUCTION = "instruction"
+    #: A return address: the call that made this frame is the instruction before it.
+    RETURN = "return"
+
+
+class StopReason(Enum):
+    """Why an unwind ended. Every unwind ends with exactly one."""
+
+    END_OF_STACK = "end-of-stack"
+    FAULT = "fault"
+    NO_PROGRESS = "did-not-advance"
+    BAD_FRAME = "bad-frame-pointer"
+    MAX_DEPTH = "max-depth"
+    NO_STACK = "no-stack"
+
+
+@dataclass(frozen=True)
+class FrameAddress:
+    """One frame of an unwound stack, as an address in the guest."""
+
+    address: int
+    kind: FrameKind
+
+    @property
+    def lookup_address(self) -> int:
+        """The address to symbolize: for a return address, inside the call instruction."""
+        return self.address - 1 if self.kind is FrameKind.RETURN else self.address
+
+
+@dataclass(frozen=True)
+class RegisterSet:
+    """The registers of one vCPU, as `info registers` reported them."""
+
+    vcpu: int
+    #: General registers by lower-case 64-bit name (rax ... r15, rip, rflags); in
+    #: 32- and 16-bit modes the E/16-bit values are stored under the 64-bit names.
+    general: Mapping[str, int]
+    cs: int
+    cpl: int
+    halted: bool
+    #: 16, 32 or 64: the width of the code the vCPU was executing.
+    bits: int
+    cr0: int = 0
+    cr3: int = 0
+    cr4: int = 0
+    efer: int = 0
+
+    @property
+    def rip(self) -> int:
+        return self.general["rip"]
+
+    @property
+    def rsp(self) -> int:
+        return self.general["rsp"]
+
+    @property
+    def rbp(self) -> int:
+        return self.general["rbp"]
+
+
+@dataclass(frozen=True)
+class MemoryWindow:
+    """Guest memory captured from `base` upward (a stack grows down, so frames are above)."""
+
+    base: int
+    data: bytes
+
+    @property
+    def end(self) -> int:
+        return self.base + len(self.data)
+
+
+@dataclass(frozen=True)
+class RawSample:
+    """What one tick captured from one vCPU. `error` says why a part is missing."""
+
+    time: float
+    registers: RegisterSet
+    stack: MemoryWindow | None = None
+    error: str | None = None
+
+    @property
+    def vcpu(self) -> int:
+        return self.registers.vcpu
+
+
+@dataclass(frozen=True)
+class UnwoundStack:
+    """The frames an unwinder found, leaf first, and why it stopped."""
+
+    frames: tuple[FrameAddress, ...]
+    stop: StopReason
+    fault_address: int | None = None
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A symbolized frame. `function` is None when no symbol covers the address."""
+
+    address: FrameAddress
+    function: str | None
+    offset: int
+    module: str | None
+
+    def label(self) -> str:
+        """The name used in profiles: the function, or the raw address when unknown."""
+        if self.function is None:
+            return f"{self.address.address:#x}"
+        return self.function
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One vCPU at one tick, unwound and symbolized: the unit a profile counts."""
+
+    time: float
+    vcpu: int
+    mode: Mode
+    frames: tuple[Frame, ...]
+    stop: StopReason
+    fault_address: int | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)

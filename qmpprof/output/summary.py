@@ -1,0 +1,64 @@
+"""The end-of-recording summary: counts, timing and the heaviest stacks."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from qmpprof.model import Mode
+from qmpprof.profile import Profile
+from qmpprof.record.sampler import RecordStats
+
+SHOWN_FRAMES = 8
+
+
+def render_summary(profile: Profile, stats: RecordStats, console: Console, limit: int = 10) -> None:
+    """Print what was recorded and the `limit` heaviest stacks with percentages."""
+    console.print(Text(_counts_line(stats)), soft_wrap=True)
+    console.print(Text(_modes_line(profile)), soft_wrap=True)
+    if stats.ended_by:
+        console.print(
+            Text(f"recording ended early: {stats.ended_by}"), style="yellow", soft_wrap=True
+        )
+    if profile.stacked:
+        console.print(top_stacks_table(profile, limit))
+
+
+def _counts_line(stats: RecordStats) -> str:
+    paused_pct = 100 * stats.paused_s / stats.elapsed_s if stats.elapsed_s else 0.0
+    line = (
+        f"{stats.ticks} ticks ({stats.samples} vCPU samples) in {stats.elapsed_s:.1f} s, "
+        f"{stats.rate_hz:.1f} Hz; requested {stats.requested}, late {stats.late}, "
+        f"missed {stats.missed}, failed {stats.failed}; "
+        f"VM paused by qmpprof {stats.paused_s * 1000:.0f} ms ({paused_pct:.2f}%)"
+    )
+    if stats.skipped_paused:
+        line += f"; {stats.skipped_paused} ticks skipped while the VM was paused by others"
+    return line
+
+
+def _modes_line(profile: Profile) -> str:
+    total = profile.total or 1
+    parts = [f"{m.value} {profile.modes[m]} ({100 * profile.modes[m] / total:.1f}%)" for m in Mode]
+    return "samples: " + ", ".join(parts)
+
+
+def top_stacks_table(profile: Profile, limit: int) -> Table:
+    """The heaviest stacks, leaf first, as a rich table (guest strings never read as markup)."""
+    table = Table(title=f"Top {limit} stacks", title_justify="left", expand=False)
+    table.add_column("%", justify="right")
+    table.add_column("samples", justify="right")
+    table.add_column("stack (leaf ← root)")
+    for stack in profile.top(limit):
+        percent = 100 * stack.count / profile.stacked
+        table.add_row(f"{percent:.1f}", str(stack.count), Text(_leaf_first(stack.frames)))
+    return table
+
+
+def _leaf_first(frames: tuple[str, ...]) -> str:
+    leaf_first = list(reversed(frames))
+    shown = leaf_first[:SHOWN_FRAMES]
+    if len(leaf_first) > SHOWN_FRAMES:
+        shown.append(f"… {len(leaf_first) - SHOWN_FRAMES} more")
+    return " ← ".join(shown)

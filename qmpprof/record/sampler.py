@@ -1,0 +1,139 @@
+"""The sampling loop: one tick per slot of the schedule, until the duration or a stop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from qmpprof.errors import CommandFailed, RegisterParseError, TargetGone
+from qmpprof.model import RawSample
+from qmpprof.record.capture import CaptureConfig, capture_vcpus
+from qmpprof.record.schedule import Schedule
+from qmpprof.target.memory import MemoryBackend
+from qmpprof.target.qmp import QmpSession, paused
+
+#: This many failed ticks in a row means QEMU is stuck, not unlucky.
+MAX_CONSECUTIVE_FAILURES = 5
+
+
+@dataclass
+class RecordStats:
+    """What happened during a recording, for the progress line and the summary."""
+
+    requested: int = 0
+    ticks: int = 0
+    samples: int = 0
+    late: int = 0
+    missed: int = 0
+    failed: int = 0
+    skipped_paused: int = 0
+    paused_s: float = 0.0
+    elapsed_s: float = 0.0
+    ended_by: str | None = None
+    last_error: str | None = None
+
+    @property
+    def rate_hz(self) -> float:
+        return self.ticks / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    period_s: float
+    duration_s: float | None
+    capture: CaptureConfig
+    jitter: float = 0.1
+
+
+SampleSink = Callable[[list[RawSample]], None]
+ProgressSink = Callable[[RecordStats], None]
+
+
+async def sample_loop(
+    session: QmpSession,
+    memory: MemoryBackend,
+    config: LoopConfig,
+    stop: asyncio.Event,
+    on_samples: SampleSink,
+    on_progress: ProgressSink | None = None,
+) -> RecordStats:
+    """Sample until `config.duration_s` passes, `stop` is set or QEMU goes away.
+
+    Never raises for QEMU exiting or failing commands: the stats say how it ended.
+    Samples reach `on_samples` after the VM has been resumed.
+    """
+    stats = RecordStats()
+    start = time.monotonic()
+    schedule = Schedule(start, config.period_s, config.jitter)
+    failures = 0
+    while stats.ended_by is None:
+        slot = schedule.next_slot(time.monotonic())
+        stats.missed += slot.missed
+        if _past_end(config, start, slot.deadline) or await _wait_until(slot.deadline, stop):
+            break
+        stats.requested += slot.missed + 1
+        stats.late += schedule.is_late(slot.deadline, time.monotonic())
+        failures = await _one_tick(session, memory, config.capture, stats, on_samples, failures)
+        stats.elapsed_s = time.monotonic() - start
+        if on_progress is not None:
+            on_progress(stats)
+    stats.elapsed_s = time.monotonic() - start
+    return stats
+
+
+async def _one_tick(
+    session: QmpSession,
+    memory: MemoryBackend,
+    capture: CaptureConfig,
+    stats: RecordStats,
+    on_samples: SampleSink,
+    failures: int,
+) -> int:
+    """Take one tick; returns the updated count of consecutive failures."""
+    try:
+        samples = await _paused_capture(session, memory, capture, stats)
+    except TargetGone:
+        stats.ended_by = "QEMU exited"
+        return failures
+    except (CommandFailed, RegisterParseError) as err:
+        stats.failed += 1
+        stats.last_error = str(err)
+        if failures + 1 >= MAX_CONSECUTIVE_FAILURES:
+            stats.ended_by = f"{MAX_CONSECUTIVE_FAILURES} failed samples in a row ({err})"
+        return failures + 1
+    if samples is not None:
+        stats.ticks += 1
+        stats.samples += len(samples)
+        on_samples(samples)
+    return 0
+
+
+async def _paused_capture(
+    session: QmpSession, memory: MemoryBackend, capture: CaptureConfig, stats: RecordStats
+) -> list[RawSample] | None:
+    """The tick's samples, or None when someone else holds the VM paused."""
+    async with paused(session) as we_paused:
+        if not we_paused:
+            stats.skipped_paused += 1
+            return None
+        held_from = time.monotonic()
+        samples = await capture_vcpus(session, memory, capture)
+    stats.paused_s += time.monotonic() - held_from
+    return samples
+
+
+def _past_end(config: LoopConfig, start: float, deadline: float) -> bool:
+    return config.duration_s is not None and deadline - start >= config.duration_s
+
+
+async def _wait_until(deadline: float, stop: asyncio.Event) -> bool:
+    """Sleep until `deadline` unless `stop` is set first; returns whether it was."""
+    delay = deadline - time.monotonic()
+    if delay > 0:
+        try:
+            await asyncio.wait_for(stop.wait(), delay)
+        except TimeoutError:
+            return False
+    return stop.is_set()

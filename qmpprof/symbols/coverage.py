@@ -1,0 +1,37 @@
+"""Does the kernel ELF we were given match the guest? Count kernel PCs it names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qmpprof.model import Mode, Sample
+
+
+@dataclass
+class KernelCoverage:
+    """Kernel-mode samples seen and how many of their PCs a symbol covers.
+
+    More than half unresolved, over at least `min_samples`, means the ELF is not the
+    guest's kernel (or the guest relocated it).
+    """
+
+    min_samples: int = 20
+    kernel_samples: int = 0
+    resolved: int = 0
+
+    def add(self, sample: Sample) -> None:
+        if sample.mode is Mode.KERNEL:
+            self.kernel_samples += 1
+            self.resolved += sample.frames[0].function is not None
+
+    @property
+    def mismatched(self) -> bool:
+        enough = self.kernel_samples >= self.min_samples
+        return enough and 2 * self.resolved < self.kernel_samples
+
+    def describe(self, kernel: str) -> str:
+        unresolved = self.kernel_samples - self.resolved
+        return (
+            f"{kernel} does not match the guest: {unresolved} of {self.kernel_samples} "
+            "kernel-mode PCs are outside its symbols"
+        )

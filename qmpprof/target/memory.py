@@ -1,0 +1,146 @@
+"""Reading guest virtual memory through QEMU, one window per round trip where possible.
+
+Backends:
+  hmp      HMP `x /Ngx` on the vCPU: works with any QEMU, even on another host.
+  memsave  QMP `memsave` into a file on this host's tmpfs: binary, one round trip.
+Both return the readable prefix of the window: a stack window that runs into an
+unmapped page is cut there, not lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+from typing import Protocol
+
+from qmpprof.errors import CommandFailed, UsageError
+from qmpprof.target.qmp import QmpSession
+
+PAGE_SIZE = 4096
+_ADDRESS_SPACE_END = 1 << 64
+_HMP_LINE = re.compile(r"^([0-9a-f]+):((?: 0x[0-9a-f]{16})+)\s*$")
+
+
+class MemoryBackend(Protocol):
+    """Reads guest virtual memory as one vCPU sees it."""
+
+    name: str
+
+    async def read_window(self, cpu: int, address: int, size: int) -> bytes:
+        """The readable bytes from `address` upward, at most `size`; b"" if none."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class HmpMemory:
+    """Guest memory through HMP `x`: text, but available everywhere."""
+
+    name = "hmp"
+
+    def __init__(self, session: QmpSession) -> None:
+        self._session = session
+
+    async def read_window(self, cpu: int, address: int, size: int) -> bytes:
+        words = _clamp(address, size) // 8
+        if words == 0:
+            return b""
+        text = await self._session.hmp(f"x /{words}gx {address:#x}", cpu=cpu)
+        return parse_hmp_words(text, address)
+
+    async def close(self) -> None:
+        pass
+
+
+class MemsaveMemory:
+    """Guest memory through QMP `memsave` into a tmpfs file QEMU writes and we read."""
+
+    name = "memsave"
+
+    def __init__(self, session: QmpSession) -> None:
+        self._session = session
+        directory = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        handle, self.path = tempfile.mkstemp(prefix="qmpprof-", suffix=".mem", dir=directory)
+        os.close(handle)
+
+    async def read_window(self, cpu: int, address: int, size: int) -> bytes:
+        size = _clamp(address, size)
+        try:
+            return await self._save(cpu, address, size)
+        except CommandFailed:
+            return await self._read_pages(cpu, address, size)
+
+    async def _read_pages(self, cpu: int, address: int, size: int) -> bytes:
+        """After a failed whole read: page by page up to the first unreadable one."""
+        data = bytearray()
+        end = address + size
+        while address < end:
+            chunk = min(end, (address // PAGE_SIZE + 1) * PAGE_SIZE) - address
+            try:
+                data += await self._save(cpu, address, chunk)
+            except CommandFailed:
+                break
+            address += chunk
+        return bytes(data)
+
+    async def _save(self, cpu: int, address: int, size: int) -> bytes:
+        arguments = {
+            "val": as_qmp_int64(address),
+            "size": size,
+            "filename": self.path,
+            "cpu-index": cpu,
+        }
+        await self._session.execute("memsave", arguments)
+        with open(self.path, "rb") as stream:
+            return stream.read(size)
+
+    async def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+
+async def open_memory(session: QmpSession, kind: str) -> MemoryBackend:
+    """The backend `kind` names; `auto` takes memsave if QEMU can write a file we can read."""
+    if kind == "hmp":
+        return HmpMemory(session)
+    if kind not in ("memsave", "auto"):
+        raise UsageError(f"unknown memory backend {kind!r} (expected auto, hmp or memsave)")
+    backend = MemsaveMemory(session)
+    if kind == "memsave" or await _memsave_works(session, backend):
+        return backend
+    await backend.close()
+    return HmpMemory(session)
+
+
+async def _memsave_works(session: QmpSession, backend: MemsaveMemory) -> bool:
+    """Whether QEMU shares our filesystem: it writes a byte of physical memory we can read."""
+    path = backend.path
+    try:
+        await session.execute("pmemsave", {"val": 0, "size": 1, "filename": path})
+        with open(path, "rb") as stream:
+            return len(stream.read(1)) == 1
+    except (CommandFailed, OSError):
+        return False
+
+
+def parse_hmp_words(text: str, address: int) -> bytes:
+    """The bytes of an `x /Ngx` listing that form one run from `address` (stops at a gap)."""
+    data = bytearray()
+    for line in text.splitlines():
+        match = _HMP_LINE.match(line)
+        if match is None or int(match.group(1), 16) != address + len(data):
+            break
+        for word in match.group(2).split():
+            data += int(word, 16).to_bytes(8, "little")
+    return bytes(data)
+
+
+def as_qmp_int64(address: int) -> int:
+    """QMP declares `val` as int64: an address at or above 2**63 goes as its negative twin."""
+    return address - (1 << 64) if address >= 1 << 63 else address
+
+
+def _clamp(address: int, size: int) -> int:
+    return max(0, min(size, _ADDRESS_SPACE_END - address)) // 8 * 8

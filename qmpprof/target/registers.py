@@ -1,0 +1,106 @@
+"""Parse QEMU's HMP `info registers [-a]` text into `RegisterSet`s.
+
+QEMU prints 64-bit names (RIP=, RAX=) when long mode is active and 32-bit names
+(EIP=, EAX=) otherwise, including for an AP still in real mode. Both map onto the
+64-bit names in `RegisterSet.general`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from qmpprof.errors import RegisterParseError
+from qmpprof.model import RegisterSet
+
+_CPU_HEADER = re.compile(r"^CPU#(\d+)\s*$", re.MULTILINE)
+_ASSIGNMENT = re.compile(r"\b([A-Z][A-Z0-9]*)\s*=\s*([0-9a-fA-F]+)\b")
+_SEGMENT = re.compile(r"^CS\s*=([0-9a-f]+) ([0-9a-f]+) ([0-9a-f]+) ([0-9a-f]+)", re.MULTILINE)
+
+_GENERAL = {
+    "RAX": "rax",
+    "RBX": "rbx",
+    "RCX": "rcx",
+    "RDX": "rdx",
+    "RSI": "rsi",
+    "RDI": "rdi",
+    "RBP": "rbp",
+    "RSP": "rsp",
+    "RIP": "rip",
+    "RFL": "rflags",
+    "EAX": "rax",
+    "EBX": "rbx",
+    "ECX": "rcx",
+    "EDX": "rdx",
+    "ESI": "rsi",
+    "EDI": "rdi",
+    "EBP": "rbp",
+    "ESP": "rsp",
+    "EIP": "rip",
+    "EFL": "rflags",
+    **{f"R{n}": f"r{n}" for n in range(8, 16)},
+}
+_REQUIRED = ("rip", "rsp", "rbp")
+_DESC_LONG = 1 << 21
+_DESC_BIG = 1 << 22
+
+
+def parse_all(text: str) -> list[RegisterSet]:
+    """Parse `info registers -a` output (one `CPU#n` block per vCPU).
+
+    Raises RegisterParseError when no vCPU block, or a block without RIP/RSP/RBP, is found.
+    """
+    headers = list(_CPU_HEADER.finditer(text))
+    if not headers:
+        raise RegisterParseError("no 'CPU#n' block in 'info registers -a' output")
+    ends = [h.start() for h in headers[1:]] + [len(text)]
+    return [
+        parse_one(text[h.end() : end], vcpu=int(h.group(1)))
+        for h, end in zip(headers, ends, strict=True)
+    ]
+
+
+def parse_one(text: str, vcpu: int) -> RegisterSet:
+    """Parse the registers of one vCPU (the text of one `CPU#n` block)."""
+    values = _assignments(text)
+    general = {name: values[key] for key, name in _GENERAL.items() if key in values}
+    missing = [name for name in _REQUIRED if name not in general]
+    if missing:
+        raise RegisterParseError(f"vCPU {vcpu}: no {', '.join(missing)} in register dump")
+    cs_selector, cs_flags = _code_segment(text, vcpu)
+    return RegisterSet(
+        vcpu=vcpu,
+        general=general,
+        cs=cs_selector,
+        cpl=values.get("CPL", cs_selector & 3),
+        halted=values.get("HLT", 0) == 1,
+        bits=_code_width(cs_flags, values.get("CR0", 0)),
+        cr0=values.get("CR0", 0),
+        cr3=values.get("CR3", 0),
+        cr4=values.get("CR4", 0),
+        efer=values.get("EFER", 0),
+    )
+
+
+def _assignments(text: str) -> dict[str, int]:
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        if line.startswith(("FPR", "XMM", "YMM", "ZMM", "DR")):
+            continue
+        for key, value in _ASSIGNMENT.findall(line):
+            values.setdefault(key, int(value, 16))
+    return values
+
+
+def _code_segment(text: str, vcpu: int) -> tuple[int, int]:
+    match = _SEGMENT.search(text)
+    if match is None:
+        raise RegisterParseError(f"vCPU {vcpu}: no CS line in register dump")
+    return int(match.group(1), 16), int(match.group(4), 16)
+
+
+def _code_width(cs_flags: int, cr0: int) -> int:
+    if not cr0 & 1:
+        return 16
+    if cs_flags & _DESC_LONG:
+        return 64
+    return 32 if cs_flags & _DESC_BIG else 16

@@ -1,0 +1,88 @@
+"""Bad input gets one line on stderr and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def qmpprof(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "qmpprof", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def assert_one_line_error(done: subprocess.CompletedProcess[str], expected: str) -> None:
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("qmpprof: error:")
+    assert expected in lines[0]
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="qmpprof-") as name:
+        yield Path(name)
+
+
+def serve_once(path: Path, greeting: bytes | None) -> threading.Thread:
+    """A unix socket that is not QMP: it sends `greeting` (or nothing) and hangs up."""
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen(1)
+
+    def handle() -> None:
+        with server:
+            connection, _ = server.accept()
+            with connection:
+                if greeting is not None:
+                    connection.sendall(greeting)
+                    return
+                connection.recv(1)  # hold the connection open until the client gives up
+
+    thread = threading.Thread(target=handle, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_missing_socket(short_dir: Path) -> None:
+    assert_one_line_error(qmpprof("--qmp-socket", str(short_dir / "nope")), "no such file")
+
+
+def test_regular_file_is_not_a_socket(short_dir: Path) -> None:
+    path = short_dir / "file"
+    path.write_text("x")
+    assert_one_line_error(qmpprof("dump", "--qmp-socket", str(path)), "not a socket")
+
+
+def test_socket_that_speaks_something_else(short_dir: Path) -> None:
+    path = short_dir / "http.sock"
+    serve_once(path, b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    assert_one_line_error(qmpprof("dump", "--qmp-socket", str(path)), "not a QMP socket")
+
+
+def test_socket_that_never_greets(short_dir: Path) -> None:
+    path = short_dir / "silent.sock"
+    serve_once(path, None)
+    assert_one_line_error(qmpprof("dump", "--qmp-socket", str(path)), "no QMP greeting")
+
+
+def test_kernel_that_is_not_an_elf(short_dir: Path) -> None:
+    kernel = short_dir / "kernel"
+    kernel.write_text("not an elf\n")
+    done = qmpprof("dump", "--qmp-socket", str(short_dir / "x"), "--kernel", str(kernel))
+    assert_one_line_error(done, "not a readable ELF")
+
+
+def test_bad_flag_value_is_a_usage_error() -> None:
+    done = qmpprof("--rate", "-5")
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
