@@ -20,7 +20,7 @@ class KernelCoverage:
     resolved: int = 0
 
     def add(self, sample: Sample) -> None:
-        if sample.mode is Mode.KERNEL:
+        if sample.mode is not Mode.USER:  # `hlt` is privileged: idle PCs are kernel PCs too
             self.kernel_samples += 1
             self.resolved += sample.frames[0].function is not None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
@@ -26,8 +27,9 @@ class Symbol:
 class SymbolTable:
     """The code symbols of one module, sorted by address.
 
-    A symbol with a size covers [address, address + size); a zero-size symbol
-    (assembly labels) covers up to the next symbol.
+    A symbol covers [address, address + size); the loader gives a zero-size symbol
+    (an assembly label) the rest of its section, and the lookup takes the nearest
+    symbol below an address, so a label covers up to the next symbol.
     """
 
     def __init__(self, name: str, symbols: list[Symbol]) -> None:
@@ -45,7 +47,7 @@ class SymbolTable:
             return None
         symbol = self._symbols[index]
         offset = address - symbol.address
-        if symbol.size and offset >= symbol.size:
+        if offset >= symbol.size:
             return None
         return symbol, offset
 
@@ -68,8 +70,8 @@ def load_symbols(path: str | Path) -> SymbolTable:
 
 
 def _read_code_symbols(elf: ELFFile) -> list[Symbol]:
-    executable = {
-        index
+    section_ends = {
+        index: section["sh_addr"] + section["sh_size"]
         for index, section in enumerate(elf.iter_sections())
         if section["sh_flags"] & _SHF_EXECINSTR
     }
@@ -77,29 +79,33 @@ def _read_code_symbols(elf: ELFFile) -> list[Symbol]:
         table = elf.get_section_by_name(table_name)
         if isinstance(table, SymbolTableSection) and table.num_symbols():
             return [
-                Symbol(sym.name, sym["st_value"], sym["st_size"])
+                _code_symbol(sym, section_ends[sym["st_shndx"]])
                 for sym in table.iter_symbols()
-                if _is_code(sym, executable)
+                if _is_code(sym, section_ends)
             ]
     return []
 
 
-def _is_code(sym: object, executable: set[int]) -> bool:
-    entry = sym.entry  # type: ignore[attr-defined]
-    section = entry["st_shndx"]
+def _code_symbol(sym: Any, section_end: int) -> Symbol:
+    address = sym["st_value"]
+    return Symbol(sym.name, address, sym["st_size"] or max(section_end - address, 0))
+
+
+def _is_code(sym: Any, section_ends: dict[int, int]) -> bool:
+    section = sym["st_shndx"]
     return (
-        bool(sym.name)  # type: ignore[attr-defined]
-        and entry["st_info"]["type"] in _CODE_TYPES
+        bool(sym.name)
+        and sym["st_info"]["type"] in _CODE_TYPES
         and isinstance(section, int)
-        and section in executable
+        and section in section_ends
     )
 
 
 def _dedupe(symbols: list[Symbol]) -> list[Symbol]:
-    """Keep one symbol per address, preferring the one with a size (the function)."""
+    """Keep one symbol per address, preferring the tightest (the function over a label)."""
     best: dict[int, Symbol] = {}
     for symbol in symbols:
         current = best.get(symbol.address)
-        if current is None or (symbol.size and not current.size):
+        if current is None or symbol.size < current.size:
             best[symbol.address] = symbol
     return list(best.values())

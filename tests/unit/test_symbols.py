@@ -57,3 +57,8 @@ def test_a_text_file_is_a_bad_elf(tmp_path: Path) -> None:
 def test_a_missing_file_is_a_bad_elf(tmp_path: Path) -> None:
     with pytest.raises(BadElf, match="No such file"):
         load_symbols(tmp_path / "missing.elf")
+
+
+def test_no_symbol_claims_addresses_beyond_its_section(symbols_elf: Path) -> None:
+    table = load_symbols(symbols_elf)
+    assert table.lookup(0xFFFFFFFF80100000) is None
