@@ -27,13 +27,13 @@ integration: deps guest  ## integration tests only (boots the example guest)
 	$(BIN)/pytest -q tests/integration
 
 lint: deps  ## ruff (lint + format check) and mypy --strict
-	$(BIN)/ruff check qmpprof tests bench
-	$(BIN)/ruff format --check qmpprof tests bench
+	$(BIN)/ruff check qmpprof tests $(wildcard bench)
+	$(BIN)/ruff format --check qmpprof tests $(wildcard bench)
 	$(BIN)/mypy qmpprof
 
 format: deps  ## reformat the code with ruff
-	$(BIN)/ruff format qmpprof tests bench
-	$(BIN)/ruff check --fix qmpprof tests bench
+	$(BIN)/ruff format qmpprof tests $(wildcard bench)
+	$(BIN)/ruff check --fix qmpprof tests $(wildcard bench)
 
 deps: system-deps $(STAMP)
 

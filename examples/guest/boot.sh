@@ -1,0 +1,234 @@
+#!/usr/bin/env bash
+# Boot the qmpprof example guest in the background and wait until it is ready.
+#
+#   boot.sh --qmp SOCKET [--gdb SOCKET] [--smp N] [--accel tcg|kvm|auto]
+#           [--serial LOG] [--variant fp] [--memory-backend PATH] [--timeout SEC]
+#   boot.sh stop PID
+#
+# On success prints, one per line on stdout:
+#   pid=<QEMU pid> kernel=<abs path of kernel.elf> qmp=<socket> gdb=<socket or empty>
+#   serial=<log> accel=<tcg|kvm>
+# Everything else (make output, diagnostics) goes to stderr.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+QEMU=${QEMU:-qemu-system-x86_64}
+READY_LINE='qmpprof-guest: ready'
+MEMORY=128M
+KVM_PROBE_TIMEOUT=${KVM_PROBE_TIMEOUT:-5}   # seconds
+KVM_MIN_RATE=${KVM_MIN_RATE:-10000000}       # workload_progress rounds per second
+
+die() {
+    echo "boot.sh: $*" >&2
+    exit 1
+}
+
+usage() {   # usage EXIT_CODE
+    sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    exit "$1"
+}
+
+# alive PID: the process exists and is not a zombie.
+alive() {
+    local state
+    kill -0 "$1" 2>/dev/null || return 1
+    state=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
+    [[ $state != Z ]]
+}
+
+# stop_qemu PID: SIGTERM, wait up to 5 s, then SIGKILL. Only QEMU processes.
+stop_qemu() {
+    local pid=$1 comm i
+    [[ $pid =~ ^[0-9]+$ ]] || die "stop: not a pid: '$pid'"
+    alive "$pid" || return 0
+    comm=$(cat "/proc/$pid/comm" 2>/dev/null || true)
+    [[ $comm == qemu-system* ]] || die "stop: pid $pid is not a QEMU process (comm='$comm')"
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do
+        alive "$pid" || return 0
+        sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do
+        alive "$pid" || return 0
+        sleep 0.1
+    done
+    die "stop: pid $pid survived SIGKILL"
+}
+
+if [[ ${1:-} == stop ]]; then
+    [[ $# -eq 2 ]] || die "usage: boot.sh stop PID"
+    stop_qemu "$2"
+    exit 0
+fi
+
+qmp='' gdb='' smp=1 accel=auto serial='' variant=fp membackend='' timeout=30
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --qmp) qmp=${2:?--qmp needs a value}; shift 2 ;;
+        --gdb) gdb=${2:?--gdb needs a value}; shift 2 ;;
+        --smp) smp=${2:?--smp needs a value}; shift 2 ;;
+        --accel) accel=${2:?--accel needs a value}; shift 2 ;;
+        --serial) serial=${2:?--serial needs a value}; shift 2 ;;
+        --variant) variant=${2:?--variant needs a value}; shift 2 ;;
+        --memory-backend) membackend=${2:?--memory-backend needs a value}; shift 2 ;;
+        --timeout) timeout=${2:?--timeout needs a value}; shift 2 ;;
+        -h|--help) usage 0 ;;
+        *) echo "boot.sh: unknown argument '$1'" >&2; usage 2 ;;
+    esac
+done
+[[ -n $qmp ]] || die "--qmp SOCKET is required"
+[[ $smp =~ ^[1-9][0-9]*$ ]] || die "--smp must be a positive integer"
+[[ $timeout =~ ^[1-9][0-9]*$ ]] || die "--timeout must be a positive integer (seconds)"
+[[ $variant =~ ^[A-Za-z0-9_]+$ ]] || die "bad --variant '$variant'"
+case $accel in tcg|kvm|auto) ;; *) die "--accel must be tcg, kvm or auto" ;; esac
+command -v "$QEMU" >/dev/null || die "$QEMU not found"
+
+qmp=$(realpath -m -- "$qmp")
+[[ -n $gdb ]] && gdb=$(realpath -m -- "$gdb")
+if [[ -z $serial ]]; then
+    serial="${qmp%.sock}-serial.log"
+fi
+serial=$(realpath -m -- "$serial")
+[[ -n $membackend ]] && membackend=$(realpath -m -- "$membackend")
+
+# ---- build (serialized: several boot.sh may run at once) ----
+mkdir -p "$HERE/build"
+flock "$HERE/build/.make.lock" make -s -C "$HERE" VARIANT="$variant" >&2 ||
+    die "build of variant '$variant' failed"
+kernel_elf="$HERE/build/$variant/kernel.elf"
+kernel_boot="$HERE/build/$variant/kernel.boot"
+[[ -f $kernel_elf && -f $kernel_boot ]] || die "build did not produce $kernel_elf"
+
+tmpdir=$(mktemp -d "${TMPDIR:-/tmp}/qmpprof-guest.XXXXXX")
+started_pid=''   # QEMU to stop if we exit before handing it over
+cleanup() {
+    if [[ -n $started_pid ]]; then stop_qemu "$started_pid" >/dev/null 2>&1 || true; fi
+    rm -rf "$tmpdir"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM HUP
+
+# start_qemu ACCEL SERIAL_LOG [extra QEMU args...]: daemonized QEMU; prints its pid.
+start_qemu() {
+    local acc=$1 log=$2 pidfile="$tmpdir/qemu.pid" errlog="$tmpdir/qemu.err"
+    shift 2
+    rm -f "$log" "$pidfile"
+    if ! "$QEMU" -accel "$acc" -display none -no-reboot -m "$MEMORY" \
+        -name qmpprof-guest -kernel "$kernel_boot" -serial "file:$log" \
+        -daemonize -pidfile "$pidfile" "$@" </dev/null >/dev/null 2>"$errlog"; then
+        echo "boot.sh: QEMU ($acc) failed to start: $(tr '\n' ' ' <"$errlog")" >&2
+        return 1
+    fi
+    [[ -s $pidfile ]] || { echo "boot.sh: QEMU wrote no pid file" >&2; return 1; }
+    tr -d ' \n' <"$pidfile"
+}
+
+# wait_ready PID LOG SECONDS: until the ready line is in LOG; fails if QEMU dies.
+wait_ready() {
+    local pid=$1 log=$2 deadline=$((SECONDS + $3))
+    while ((SECONDS < deadline)); do
+        if [[ -f $log ]] && grep -qxF "$READY_LINE" "$log"; then
+            return 0
+        fi
+        alive "$pid" || return 1
+        sleep 0.1
+    done
+    grep -qxF "$READY_LINE" "$log" 2>/dev/null
+}
+
+# probe_check SOCKET ADDR: prints "<run state> <workload_progress rounds per second>"
+# measured over 0.5 s through QMP (ADDR = guest virtual address of the counter).
+probe_check() {
+    command -v python3 >/dev/null || { echo "running 0"; return 0; }
+    python3 - "$1" "$2" <<'PY' 2>/dev/null || echo "unknown 0"
+import json, socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(5)
+s.connect(sys.argv[1])
+f = s.makefile("rw")
+json.loads(f.readline())                       # greeting
+def cmd(name, **args):
+    msg = {"execute": name}
+    if args:
+        msg["arguments"] = args
+    f.write(json.dumps(msg) + "\n")
+    f.flush()
+    while True:
+        r = json.loads(f.readline())
+        if "return" in r or "error" in r:
+            return r.get("return")
+def progress():
+    out = cmd("human-monitor-command", **{"command-line": "x /1gx 0x" + sys.argv[2]})
+    return int(out.split(":")[1].split()[0], 16), time.monotonic()
+cmd("qmp_capabilities")
+p0, t0 = progress()
+time.sleep(0.5)
+p1, t1 = progress()
+print(cmd("query-status")["status"], int((p1 - p0) / (t1 - t0)))
+PY
+}
+
+# probe_kvm: a short throw-away KVM boot must reach the ready line within
+# KVM_PROBE_TIMEOUT seconds, keep running, and run the workload at least at
+# KVM_MIN_RATE leaf rounds per second (a broken or fully emulated "KVM" can be
+# thousands of times slower than TCG).
+probe_kvm() {
+    [[ -r /dev/kvm && -w /dev/kvm ]] || return 1
+    local pid status rate addr
+    addr=$(nm "$kernel_elf" | awk '$3 == "workload_progress" {print $1}')
+    pid=$(start_qemu kvm "$tmpdir/probe-serial.log" \
+        -qmp "unix:$tmpdir/probe-qmp.sock,server=on,wait=off" 2>/dev/null) || return 1
+    started_pid=$pid
+    if ! wait_ready "$pid" "$tmpdir/probe-serial.log" "$KVM_PROBE_TIMEOUT"; then
+        stop_qemu "$pid"
+        started_pid=''
+        echo "boot.sh: KVM probe: no ready line within ${KVM_PROBE_TIMEOUT}s, using TCG" >&2
+        return 1
+    fi
+    read -r status rate < <(probe_check "$tmpdir/probe-qmp.sock" "$addr")
+    stop_qemu "$pid"
+    started_pid=''
+    if [[ $status != running ]]; then
+        echo "boot.sh: KVM probe: guest state '$status', using TCG" >&2
+        return 1
+    fi
+    if ((rate < KVM_MIN_RATE)); then
+        echo "boot.sh: KVM probe: guest too slow under KVM ($rate rounds/s < $KVM_MIN_RATE), using TCG" >&2
+        return 1
+    fi
+    return 0
+}
+
+if [[ $accel == auto ]]; then
+    if probe_kvm; then accel=kvm; else accel=tcg; fi
+fi
+
+args=(-smp "$smp" -qmp "unix:$qmp,server=on,wait=off")
+[[ -n $gdb ]] && args+=(-gdb "unix:$gdb,server=on,wait=off")
+if [[ -n $membackend ]]; then
+    args+=(-object "memory-backend-file,id=mem,size=$MEMORY,mem-path=$membackend,share=on"
+           -machine memory-backend=mem)
+fi
+
+pid=$(start_qemu "$accel" "$serial" "${args[@]}") || exit 1
+started_pid=$pid
+if ! wait_ready "$pid" "$serial" "$timeout"; then
+    last=$(tail -n 1 "$serial" 2>/dev/null | tr -d '\r' || true)
+    if alive "$pid"; then
+        stop_qemu "$pid" || true
+        echo "boot.sh: guest ($accel) did not print '$READY_LINE' within ${timeout}s (serial log: $serial, last line: '$last')" >&2
+    else
+        echo "boot.sh: QEMU ($accel) exited before the guest was ready (serial log: $serial, last line: '$last')" >&2
+    fi
+    started_pid=''
+    exit 1
+fi
+started_pid=''
+
+echo "pid=$pid"
+echo "kernel=$kernel_elf"
+echo "qmp=$qmp"
+echo "gdb=$gdb"
+echo "serial=$serial"
+echo "accel=$accel"

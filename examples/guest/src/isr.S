@@ -1,0 +1,201 @@
+/*
+ * qmpprof example guest: interrupt entry stubs.
+ *
+ * Frame layout after `push %rbp; mov %rsp,%rbp` in every stub:
+ *
+ *     rbp+40  SS          \
+ *     rbp+32  RSP          |  pushed by the CPU
+ *     rbp+24  RFLAGS       |  (CFA = rsp+40 at the first instruction
+ *     rbp+16  CS           |   of the timer stub)
+ *     rbp+8   RIP         /   <- interrupted RIP
+ *     rbp+0   saved RBP       <- interrupted RBP
+ *
+ * So a frame-pointer walk from the C handler goes handler -> stub ->
+ * interrupted function -> its callers, and DWARF CFI (signal frame, CFA,
+ * rip and rsp taken from the hardware frame) lets GDB do the same.
+ */
+#include "config.h"
+
+/* Push the caller-saved registers (rbp already pushed, CFA = rbp + \cfa). */
+.macro SAVE_SCRATCH cfa
+    pushq %rax
+    .cfi_offset %rax, -(\cfa + 8)
+    pushq %rcx
+    .cfi_offset %rcx, -(\cfa + 16)
+    pushq %rdx
+    .cfi_offset %rdx, -(\cfa + 24)
+    pushq %rsi
+    .cfi_offset %rsi, -(\cfa + 32)
+    pushq %rdi
+    .cfi_offset %rdi, -(\cfa + 40)
+    pushq %r8
+    .cfi_offset %r8, -(\cfa + 48)
+    pushq %r9
+    .cfi_offset %r9, -(\cfa + 56)
+    pushq %r10
+    .cfi_offset %r10, -(\cfa + 64)
+    pushq %r11
+    .cfi_offset %r11, -(\cfa + 72)
+.endm
+
+.macro RESTORE_SCRATCH
+    popq %r11
+    popq %r10
+    popq %r9
+    popq %r8
+    popq %rdi
+    popq %rsi
+    popq %rdx
+    popq %rcx
+    popq %rax
+.endm
+
+    .text
+    .code64
+
+/* ------------------------------------------------------------------ */
+/* Timer (PIT IRQ0, vector 0x20). */
+    .globl timer_irq_entry
+    .type timer_irq_entry, @function
+timer_irq_entry:
+    .cfi_startproc simple
+    .cfi_signal_frame
+    .cfi_def_cfa %rsp, 40            /* hardware frame: RIP CS RFLAGS RSP SS */
+    .cfi_offset %rip, -40
+    .cfi_offset %rsp, -16
+    pushq %rbp
+    .cfi_adjust_cfa_offset 8
+    .cfi_offset %rbp, -48
+    movq %rsp, %rbp
+    .cfi_def_cfa_register %rbp       /* CFA = rbp + 48 from here on */
+    SAVE_SCRATCH 48
+    subq $8, %rsp                    /* 16-byte alignment for the call */
+    cld
+    call timer_interrupt_handler
+    movb $0x20, %al                  /* EOI to the master 8259 */
+    outb %al, $0x20
+    addq $8, %rsp
+    RESTORE_SCRATCH
+    .cfi_restore %rax
+    .cfi_restore %rcx
+    .cfi_restore %rdx
+    .cfi_restore %rsi
+    .cfi_restore %rdi
+    .cfi_restore %r8
+    .cfi_restore %r9
+    .cfi_restore %r10
+    .cfi_restore %r11
+    popq %rbp
+    .cfi_def_cfa %rsp, 40
+    .cfi_restore %rbp
+    iretq
+    .cfi_endproc
+    .size timer_irq_entry, . - timer_irq_entry
+
+/* ------------------------------------------------------------------ */
+/* Masked / spurious PIC interrupts (vectors 0x21-0x2f): ignore. */
+    .globl irq_ignore_entry
+    .type irq_ignore_entry, @function
+irq_ignore_entry:
+    .cfi_startproc simple
+    .cfi_signal_frame
+    .cfi_def_cfa %rsp, 40
+    .cfi_offset %rip, -40
+    .cfi_offset %rsp, -16
+    iretq
+    .cfi_endproc
+    .size irq_ignore_entry, . - irq_ignore_entry
+
+/* ------------------------------------------------------------------ */
+/* CPU exceptions 0-31: report on serial and stop (exception_handler). */
+.macro EXC_STUB vec, has_error
+    .globl exc_stub_\vec
+    .type exc_stub_\vec, @function
+exc_stub_\vec:
+    .cfi_startproc simple
+    .cfi_signal_frame
+    .if \has_error
+    .cfi_def_cfa %rsp, 48
+    .else
+    .cfi_def_cfa %rsp, 40
+    .endif
+    .cfi_offset %rip, -40
+    .cfi_offset %rsp, -16
+    .if \has_error == 0
+    pushq $0
+    .cfi_adjust_cfa_offset 8
+    .endif
+    pushq $\vec
+    .cfi_adjust_cfa_offset 8
+    jmp exception_common
+    .cfi_endproc
+    .size exc_stub_\vec, . - exc_stub_\vec
+.endm
+
+EXC_STUB 0, 0
+EXC_STUB 1, 0
+EXC_STUB 2, 0
+EXC_STUB 3, 0
+EXC_STUB 4, 0
+EXC_STUB 5, 0
+EXC_STUB 6, 0
+EXC_STUB 7, 0
+EXC_STUB 8, 1
+EXC_STUB 9, 0
+EXC_STUB 10, 1
+EXC_STUB 11, 1
+EXC_STUB 12, 1
+EXC_STUB 13, 1
+EXC_STUB 14, 1
+EXC_STUB 15, 0
+EXC_STUB 16, 0
+EXC_STUB 17, 1
+EXC_STUB 18, 0
+EXC_STUB 19, 0
+EXC_STUB 20, 0
+EXC_STUB 21, 1
+EXC_STUB 22, 0
+EXC_STUB 23, 0
+EXC_STUB 24, 0
+EXC_STUB 25, 0
+EXC_STUB 26, 0
+EXC_STUB 27, 0
+EXC_STUB 28, 0
+EXC_STUB 29, 1
+EXC_STUB 30, 1
+EXC_STUB 31, 0
+
+/* Entered by jmp with [rsp] = vector, [rsp+8] = error code, then the
+ * hardware frame: CFA = rsp + 56. */
+    .type exception_common, @function
+exception_common:
+    .cfi_startproc simple
+    .cfi_signal_frame
+    .cfi_def_cfa %rsp, 56
+    .cfi_offset %rip, -40
+    .cfi_offset %rsp, -16
+    pushq %rbp
+    .cfi_adjust_cfa_offset 8
+    .cfi_offset %rbp, -64
+    movq %rsp, %rbp
+    .cfi_def_cfa_register %rbp
+    SAVE_SCRATCH 64
+    cld
+    movq %rsp, %rdi                  /* struct exception_frame * */
+    andq $-16, %rsp
+    call exception_handler           /* does not return */
+1:  cli
+    hlt
+    jmp 1b
+    .cfi_endproc
+    .size exception_common, . - exception_common
+
+    .section .rodata
+    .balign 8
+    .globl exception_stub_table
+exception_stub_table:
+    .irp v, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
+    .quad exc_stub_\v
+    .endr
+
+    .section .note.GNU-stack, "", @progbits

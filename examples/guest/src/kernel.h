@@ -1,0 +1,70 @@
+/* qmpprof example guest: shared declarations. */
+#ifndef QMPPROF_GUEST_KERNEL_H
+#define QMPPROF_GUEST_KERNEL_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include <stdarg.h>
+#include "config.h"
+
+/* Functions that must keep their own stack frame so that they appear in
+ * backtraces: never inlined, never cloned (no .isra/.constprop suffixes). */
+#define CHAIN_FN __attribute__((noinline, noclone, used))
+/* Compiler barrier: also placed after calls so a call is never a tail call. */
+#define barrier() __asm__ volatile("" ::: "memory")
+
+/* ---- port I/O ---- */
+static inline void outb(uint16_t port, uint8_t val)
+{
+    __asm__ volatile("outb %0, %1" : : "a"(val), "Nd"(port));
+}
+static inline uint8_t inb(uint16_t port)
+{
+    uint8_t v;
+    __asm__ volatile("inb %1, %0" : "=a"(v) : "Nd"(port));
+    return v;
+}
+static inline void io_wait(void) { outb(0x80, 0); }
+static inline void cpu_sti(void) { __asm__ volatile("sti" ::: "memory"); }
+static inline void cpu_cli(void) { __asm__ volatile("cli" ::: "memory"); }
+
+/* ---- boot.S ---- */
+extern uint32_t boot_multiboot_magic;
+extern uint32_t boot_multiboot_info;
+void kernel_entry(void);             /* 64-bit stub that calls kernel_main */
+
+/* ---- per-CPU data (percpu.c) ---- */
+extern uint8_t kernel_stacks[MAX_CPUS][KERNEL_STACK_SIZE];
+
+/* ---- serial.c ---- */
+void serial_init(void);
+void serial_putc(char c);
+void serial_puts(const char *s);
+void kprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- interrupts (idt.c, isr.S, timer.c) ---- */
+struct exception_frame {
+    uint64_t r11, r10, r9, r8, rdi, rsi, rdx, rcx, rax;
+    uint64_t rbp;
+    uint64_t vector, error_code;
+    uint64_t rip, cs, rflags, rsp, ss;
+};
+void idt_init(void);
+void pic_init(void);
+void pit_init(uint32_t hz);
+void exception_handler(struct exception_frame *f);
+void timer_interrupt_handler(void);
+extern volatile uint64_t timer_ticks;
+
+/* ---- workload.c ---- */
+extern volatile uint64_t workload_progress;
+extern volatile uint32_t workload_stop;
+void workload_loop(void);
+
+/* ---- lib.c ---- */
+void *memset(void *d, int c, size_t n);
+void *memcpy(void *d, const void *s, size_t n);
+
+void kernel_main(void);
+
+#endif
