@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-APT_PACKAGES := qemu-system-x86 gdb gcc make binutils
+APT_PACKAGES := qemu-system-x86 gdb gcc make binutils python3-venv
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: help demo test unit integration lint format deps system-deps guest clean
@@ -42,6 +42,7 @@ system-deps:  ## install QEMU, GDB and a C toolchain from Debian's packages if m
 	for tool in qemu-system-x86_64 gdb gcc make ld; do \
 	  command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; \
 	done; \
+	$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages for:$$missing"; \
 	  $(SUDO) apt-get update -qq && \
