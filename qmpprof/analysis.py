@@ -6,7 +6,8 @@ from qmpprof.guest.mode import mode_of
 from qmpprof.memory import MemoryReader, WindowMemory
 from qmpprof.model import FrameAddress, FrameKind, RawSample, Sample, StopReason, UnwoundStack
 from qmpprof.symbols.symbolizer import Symbolizer
-from qmpprof.unwind.framepointer import DEFAULT_MAX_DEPTH, unwind_frame_pointers
+from qmpprof.unwind.framepointer import DEFAULT_MAX_DEPTH
+from qmpprof.unwind.unwinder import CfiLookup, Strategy, dwarf_registers, unwind
 
 
 class Analyzer:
@@ -15,11 +16,15 @@ class Analyzer:
     def __init__(
         self,
         symbolizer: Symbolizer,
+        cfi: CfiLookup | None = None,
         code: MemoryReader | None = None,
+        strategy: Strategy = Strategy.AUTO,
         max_depth: int = DEFAULT_MAX_DEPTH,
     ) -> None:
         self.symbolizer = symbolizer
+        self.cfi = cfi
         self.code = code
+        self.strategy = strategy
         self.max_depth = max_depth
 
     def unwind(self, raw: RawSample) -> UnwoundStack:
@@ -29,8 +34,8 @@ class Analyzer:
             leaf = FrameAddress(regs.rip, FrameKind.INSTRUCTION)
             return UnwoundStack((leaf,), StopReason.NO_STACK)
         memory = WindowMemory([raw.stack])
-        return unwind_frame_pointers(
-            memory, regs.rip, regs.rsp, regs.rbp, self.max_depth, code=self.code
+        return unwind(
+            dwarf_registers(regs), memory, self.cfi, self.strategy, self.code, self.max_depth
         )
 
     def analyze(self, raw: RawSample) -> Sample:

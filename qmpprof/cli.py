@@ -18,6 +18,7 @@ from qmpprof.commands.common import TargetOptions
 from qmpprof.commands.dump import DumpOptions, run_dump
 from qmpprof.commands.record import RecordOptions, run_record
 from qmpprof.errors import QmpprofError
+from qmpprof.unwind.unwinder import Strategy
 
 COMMANDS = ("record", "dump")
 EXIT_ERROR = 1
@@ -100,6 +101,13 @@ def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="most frames per stack (default 128)",
     )
+    parser.add_argument(
+        "--unwind",
+        choices=[s.value for s in Strategy],
+        default="auto",
+        help="auto: DWARF CFI, frame pointers where no CFI covers a frame (default); "
+        "cfi: CFI only; fp: frame pointers only",
+    )
     parser.add_argument("--one-shot", action="store_true", help="same as the dump command")
 
 
@@ -158,6 +166,7 @@ def _target_options(args: argparse.Namespace) -> TargetOptions:
         memory=args.memory,
         stack_bytes=args.stack_bytes,
         max_depth=args.max_depth,
+        unwind=Strategy(args.unwind),
     )
 
 

@@ -17,6 +17,10 @@ class MemoryReader(Protocol):
 
     def read(self, address: int, size: int) -> bytes: ...
 
+    def read_u64(self, address: int) -> int:
+        """One little-endian 64-bit word (the unwinder's hot path)."""
+        ...
+
 
 class WindowMemory:
     """A MemoryReader over captured windows of guest memory; anything else faults."""
@@ -31,11 +35,10 @@ class WindowMemory:
                 return window.data[start : start + size]
         raise MemoryFault(address, size)
 
-
-def read_u64(memory: MemoryReader, address: int) -> int:
-    """Read one little-endian 64-bit word. Raises MemoryFault."""
-    data = memory.read(address, 8)
-    if len(data) != 8:
+    def read_u64(self, address: int) -> int:
+        for window in self._windows:
+            start = address - window.base
+            if start >= 0 and address + 8 <= window.end:
+                value: int = _U64.unpack_from(window.data, start)[0]
+                return value
         raise MemoryFault(address, 8)
-    value: int = _U64.unpack(data)[0]
-    return value

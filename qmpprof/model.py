@@ -28,12 +28,25 @@ class FrameKind(Enum):
     RETURN = "return"
 
 
+class Recovery(Enum):
+    """How the unwinder found a frame."""
+
+    #: The leaf: straight from the vCPU's registers.
+    REGISTERS = "registers"
+    #: From the caller's DWARF call-frame information.
+    CFI = "cfi"
+    #: From the frame-pointer chain (no CFI covered the frame below it).
+    FRAME_POINTER = "fp"
+
+
 class StopReason(Enum):
     """Why an unwind ended. Every unwind ends with exactly one."""
 
     END_OF_STACK = "end-of-stack"
     FAULT = "fault"
     NO_PROGRESS = "did-not-advance"
+    NO_UNWIND_INFO = "no-unwind-info"
+    BAD_CFI = "unsupported-cfi"
     BAD_FRAME = "bad-frame-pointer"
     MAX_DEPTH = "max-depth"
     NO_STACK = "no-stack"
@@ -45,6 +58,7 @@ class FrameAddress:
 
     address: int
     kind: FrameKind
+    how: Recovery = Recovery.REGISTERS
 
     @property
     def lookup_address(self) -> int:

@@ -13,6 +13,8 @@ from qmpprof.symbols.image import load_code
 from qmpprof.symbols.symbolizer import Symbolizer
 from qmpprof.target.memory import MemoryBackend, open_memory
 from qmpprof.target.qmp import QmpSession
+from qmpprof.unwind.cfi import load_cfi
+from qmpprof.unwind.unwinder import Strategy
 
 
 @dataclass(frozen=True)
@@ -24,15 +26,20 @@ class TargetOptions:
     memory: str = "auto"
     stack_bytes: int = 16 * 1024
     max_depth: int = 128
+    unwind: Strategy = Strategy.AUTO
 
 
 def build_analyzer(options: TargetOptions) -> Analyzer:
     """Load the guest's symbols (raises BadElf) and make the analyzer that uses them."""
     if options.kernel is None:
-        return Analyzer(Symbolizer([]), max_depth=options.max_depth)
-    symbols = load_symbols(options.kernel)
-    code = load_code(options.kernel)
-    return Analyzer(Symbolizer([symbols]), code=code, max_depth=options.max_depth)
+        return Analyzer(Symbolizer([]), strategy=options.unwind, max_depth=options.max_depth)
+    return Analyzer(
+        Symbolizer([load_symbols(options.kernel)]),
+        cfi=load_cfi(options.kernel),
+        code=load_code(options.kernel),
+        strategy=options.unwind,
+        max_depth=options.max_depth,
+    )
 
 
 @contextlib.asynccontextmanager

@@ -12,6 +12,9 @@ from qmpprof.target.qmp import QmpSession
 from qmpprof.target.registers import parse_all
 
 DEFAULT_STACK_BYTES = 16 * 1024
+#: Also read this much below RSP: CFI may restore a register from a slot the leaf
+#: has already popped (GCC keeps the save rule until the `ret`), and GDB reads it.
+BELOW_RSP = 128
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,11 @@ async def _capture_one(
 ) -> RawSample:
     if regs.bits != 64:
         return RawSample(now, regs, error=f"vCPU in {regs.bits}-bit mode: stack not read")
-    data = await memory.read_window(regs.vcpu, regs.rsp, stack_bytes)
+    base = regs.rsp - BELOW_RSP
+    data = await memory.read_window(regs.vcpu, base, stack_bytes + BELOW_RSP)
+    if len(data) <= BELOW_RSP:  # the page below RSP may be unmapped: start at RSP
+        base = regs.rsp
+        data = await memory.read_window(regs.vcpu, base, stack_bytes)
     if not data:
         return RawSample(now, regs, error=f"stack unreadable at rsp={regs.rsp:#x}")
-    return RawSample(now, regs, MemoryWindow(regs.rsp, data))
+    return RawSample(now, regs, MemoryWindow(base, data))

@@ -20,3 +20,51 @@ def build_elf(source: str, out_dir: Path, *flags: str) -> Path:
 @pytest.fixture(scope="session")
 def symbols_elf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_elf("symbols.c", tmp_path_factory.mktemp("elf"), "-O1", "-g")
+
+
+CHAIN_FUNCTIONS = "leaf,keeps_registers,variable_array,realigned,main"
+CHAIN_BUILDS = {
+    "O2-omit-fp": ("-O2", "-fomit-frame-pointer"),
+    "O2-omit-fp-debug-frame-only": (
+        "-O2",
+        "-fomit-frame-pointer",
+        "-fno-asynchronous-unwind-tables",
+    ),
+    "O0": ("-O0",),
+    "O1-fp": ("-O1", "-fno-omit-frame-pointer"),
+}
+
+
+def capture_with_gdb(program: Path, functions: str, output: Path) -> list[dict[str, object]]:
+    """Stops on every instruction of `functions`; GDB's registers, stack and frames at each."""
+    import json
+    import os
+
+    if shutil.which("gdb") is None:
+        pytest.fail("gdb is needed as the unwinding oracle (make test installs it)")
+    env = {
+        **os.environ,
+        "QMPPROF_PROGRAM": str(program),
+        "QMPPROF_FUNCTIONS": functions,
+        "QMPPROF_OUTPUT": str(output),
+    }
+    script = Path(__file__).parent / "gdb_capture.py"
+    subprocess.run(
+        ["gdb", "-batch", "-nx", "-x", str(script)],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return [json.loads(line) for line in output.read_text().splitlines()]
+
+
+@pytest.fixture(scope="session", params=sorted(CHAIN_BUILDS))
+def chain_capture(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, Path, list[dict[str, object]]]:
+    """(build name, ELF, GDB's stops) for cfi_chain.c built one way."""
+    name = request.param
+    out = tmp_path_factory.mktemp(name)
+    elf = build_elf("cfi_chain.c", out, "-g", "-static", *CHAIN_BUILDS[name])
+    return name, elf, capture_with_gdb(elf, CHAIN_FUNCTIONS, out / "stops.jsonl")

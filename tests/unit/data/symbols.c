@@ -2,4 +2,5 @@
 __attribute__((noinline)) int leaf(int x) { return x * 3 + 1; }
 __attribute__((noinline)) int middle(int x) { return leaf(x) + leaf(x + 1); }
 static __attribute__((noinline)) int helper(int x) { return middle(x) ^ 5; }
-int main(void) { return helper(7); }
+int puts(const char *s);
+int main(void) { puts("symbols"); return helper(7); }

@@ -1,0 +1,172 @@
+"""A bounded evaluator for the DWARF expressions compilers put in CFI.
+
+Compilers emit expressions in CFI for PLT entries, realigned stacks and signal or
+interrupt frames. This evaluates the stack-machine subset those use, over 64-bit
+unsigned values, with a bounded stack and a bounded number of steps; anything else
+raises UnsupportedExpression. Memory reads raise MemoryFault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from qmpprof.errors import QmpprofError
+from qmpprof.memory import MemoryReader
+
+MASK = (1 << 64) - 1
+MAX_STACK = 64
+MAX_STEPS = 256
+
+
+class UnsupportedExpression(QmpprofError):
+    """A CFI expression uses an operation (or shape) this evaluator does not handle."""
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One operation: its DW_OP name and integer arguments."""
+
+    name: str
+    args: tuple[int, ...] = ()
+
+
+Expression = tuple[Op, ...]
+
+_BINARY: dict[str, Callable[[int, int], int]] = {
+    "DW_OP_plus": lambda a, b: a + b,
+    "DW_OP_minus": lambda a, b: a - b,
+    "DW_OP_mul": lambda a, b: a * b,
+    "DW_OP_and": lambda a, b: a & b,
+    "DW_OP_or": lambda a, b: a | b,
+    "DW_OP_xor": lambda a, b: a ^ b,
+    "DW_OP_shl": lambda a, b: a << b if b < 64 else 0,
+    "DW_OP_shr": lambda a, b: a >> b if b < 64 else 0,
+    "DW_OP_shra": lambda a, b: _signed(a) >> min(b, 63),
+    "DW_OP_ge": lambda a, b: int(_signed(a) >= _signed(b)),
+    "DW_OP_gt": lambda a, b: int(_signed(a) > _signed(b)),
+    "DW_OP_le": lambda a, b: int(_signed(a) <= _signed(b)),
+    "DW_OP_lt": lambda a, b: int(_signed(a) < _signed(b)),
+    "DW_OP_eq": lambda a, b: int(a == b),
+    "DW_OP_ne": lambda a, b: int(a != b),
+}
+
+
+def evaluate(
+    expression: Expression,
+    registers: Sequence[int | None],
+    memory: MemoryReader,
+    initial: Sequence[int] = (),
+) -> int:
+    """The value on top of the stack after running `expression`.
+
+    `registers` is indexed by DWARF register number (None: unknown). `initial` is
+    pushed first (the CFA, for register rules).
+    """
+    stack = [value & MASK for value in initial]
+    position = steps = 0
+    while position < len(expression):
+        steps += 1
+        if steps > MAX_STEPS:
+            raise UnsupportedExpression("CFI expression runs too long")
+        position = _step(expression, position, stack, registers, memory)
+        if len(stack) > MAX_STACK:
+            raise UnsupportedExpression("CFI expression stack overflow")
+    if not stack:
+        raise UnsupportedExpression("CFI expression left nothing on the stack")
+    return stack[-1]
+
+
+def _step(
+    expression: Expression,
+    position: int,
+    stack: list[int],
+    registers: Sequence[int | None],
+    memory: MemoryReader,
+) -> int:
+    """Run the operation at `position`; returns the position of the next one."""
+    op = expression[position]
+    name = op.name
+    if name in _BINARY:
+        right, left = _pop(stack), _pop(stack)
+        stack.append(_BINARY[name](left, right) & MASK)
+    elif name.startswith("DW_OP_lit"):
+        stack.append(int(name[9:]))
+    elif name.startswith("DW_OP_const"):
+        stack.append(_arg(op) & MASK)
+    elif name.startswith("DW_OP_breg") and name != "DW_OP_bregx":
+        stack.append((_register(registers, int(name[10:])) + _arg(op)) & MASK)
+    elif name == "DW_OP_bregx":
+        stack.append((_register(registers, op.args[0]) + op.args[1]) & MASK)
+    elif name in ("DW_OP_skip", "DW_OP_bra"):
+        return _branch(expression, position, stack, op)
+    else:
+        _stack_op(op, stack, memory)
+    return position + 1
+
+
+def _stack_op(op: Op, stack: list[int], memory: MemoryReader) -> None:
+    name = op.name
+    if name == "DW_OP_plus_uconst":
+        stack.append((_pop(stack) + _arg(op)) & MASK)
+    elif name == "DW_OP_deref":
+        stack.append(memory.read_u64(_pop(stack)))
+    elif name == "DW_OP_deref_size":
+        address = _pop(stack)
+        stack.append(int.from_bytes(memory.read(address, _arg(op)), "little"))
+    elif name in ("DW_OP_neg", "DW_OP_not", "DW_OP_abs"):
+        value = _pop(stack)
+        result = {"DW_OP_neg": -value, "DW_OP_not": ~value, "DW_OP_abs": abs(_signed(value))}
+        stack.append(result[name] & MASK)
+    elif name in ("DW_OP_dup", "DW_OP_over", "DW_OP_pick"):
+        index = {"DW_OP_dup": 0, "DW_OP_over": 1}.get(name, op.args[0] if op.args else 0)
+        if index >= len(stack):
+            raise UnsupportedExpression(f"{name} past the bottom of the stack")
+        stack.append(stack[-1 - index])
+    elif name in ("DW_OP_drop", "DW_OP_swap", "DW_OP_rot", "DW_OP_nop"):
+        _shuffle(name, stack)
+    else:
+        raise UnsupportedExpression(f"unsupported CFI expression operation {name}")
+
+
+def _shuffle(name: str, stack: list[int]) -> None:
+    if name == "DW_OP_drop":
+        _pop(stack)
+    elif name == "DW_OP_swap":
+        right, left = _pop(stack), _pop(stack)
+        stack.extend((right, left))
+    elif name == "DW_OP_rot":
+        top, second, third = _pop(stack), _pop(stack), _pop(stack)
+        stack.extend((top, third, second))
+
+
+def _branch(expression: Expression, position: int, stack: list[int], op: Op) -> int:
+    """Follow DW_OP_skip/bra. The targets were resolved to op indexes at compile time."""
+    taken = op.name == "DW_OP_skip" or _pop(stack) != 0
+    target = op.args[0] if taken else position + 1
+    if not 0 <= target <= len(expression):
+        raise UnsupportedExpression("CFI expression branches outside itself")
+    return target
+
+
+def _pop(stack: list[int]) -> int:
+    if not stack:
+        raise UnsupportedExpression("CFI expression pops an empty stack")
+    return stack.pop()
+
+
+def _arg(op: Op) -> int:
+    if not op.args:
+        raise UnsupportedExpression(f"{op.name} without its operand")
+    return op.args[0]
+
+
+def _register(registers: Sequence[int | None], number: int) -> int:
+    value = registers[number] if 0 <= number < len(registers) else None
+    if value is None:
+        raise UnsupportedExpression(f"CFI expression needs register {number}, unknown here")
+    return value
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value & (1 << 63) else value

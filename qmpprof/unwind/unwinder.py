@@ -1,0 +1,153 @@
+"""The unwinder loop: CFI where a module has it, frame pointers where it does not.
+
+Per frame: find the row for the frame's pc (pc - 1 for a return address, since the
+call may be the last instruction of a function), recover the caller's registers,
+check the stack moved up, repeat. Every step can fail on guest data; the unwind
+then ends with a StopReason, never an exception, and never loops.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Protocol
+
+from qmpprof.errors import MemoryFault
+from qmpprof.memory import MemoryReader
+from qmpprof.model import FrameAddress, FrameKind, Recovery, RegisterSet, StopReason, UnwoundStack
+from qmpprof.unwind.dwarf_expr import UnsupportedExpression
+from qmpprof.unwind.framepointer import DEFAULT_MAX_DEPTH, frame_pointer_step, leaf_return_slot
+from qmpprof.unwind.rules import RBP, REGISTER_COUNT, RIP, RSP, UnwindRow
+
+_DWARF_NAMES = (
+    "rax",
+    "rdx",
+    "rcx",
+    "rbx",
+    "rsi",
+    "rdi",
+    "rbp",
+    "rsp",
+    *(f"r{n}" for n in range(8, 16)),
+    "rip",
+)
+
+
+class Strategy(Enum):
+    """Which unwinding methods to use (`--unwind`)."""
+
+    AUTO = "auto"  # CFI, frame pointers where no CFI covers a frame
+    CFI = "cfi"
+    FP = "fp"
+
+
+class CfiLookup(Protocol):
+    def row_for(self, address: int) -> UnwindRow | None: ...
+
+
+class _Stop(Exception):
+    def __init__(self, reason: StopReason, address: int | None = None) -> None:
+        self.reason = reason
+        self.address = address
+
+
+def dwarf_registers(registers: RegisterSet) -> list[int | None]:
+    """The vCPU's registers indexed by DWARF register number."""
+    return [registers.general.get(name) for name in _DWARF_NAMES]
+
+
+def unwind(
+    regs: list[int | None],
+    memory: MemoryReader,
+    cfi: CfiLookup | None,
+    strategy: Strategy = Strategy.AUTO,
+    code: MemoryReader | None = None,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+) -> UnwoundStack:
+    """Unwind from `regs` (DWARF-numbered, RIP the pc). Never raises on guest data."""
+    pc = regs[RIP]
+    assert pc is not None
+    frames = [FrameAddress(pc, FrameKind.INSTRUCTION)]
+    exact = True
+    seen: set[tuple[int, int | None]] = set()
+    try:
+        while len(frames) < max_depth:
+            regs, exact, how = _step(regs, exact, len(frames) == 1, memory, cfi, strategy, code)
+            caller_pc = regs[RIP]
+            if not caller_pc:
+                return UnwoundStack(tuple(frames), StopReason.END_OF_STACK)
+            if (caller_pc, regs[RSP]) in seen:
+                return UnwoundStack(tuple(frames), StopReason.NO_PROGRESS)
+            seen.add((caller_pc, regs[RSP]))
+            kind = FrameKind.INSTRUCTION if exact else FrameKind.RETURN
+            frames.append(FrameAddress(caller_pc, kind, how))
+    except _Stop as stop:
+        return UnwoundStack(tuple(frames), stop.reason, stop.address)
+    return UnwoundStack(tuple(frames), StopReason.MAX_DEPTH)
+
+
+def _step(
+    regs: list[int | None],
+    exact: bool,
+    leaf: bool,
+    memory: MemoryReader,
+    cfi: CfiLookup | None,
+    strategy: Strategy,
+    code: MemoryReader | None,
+) -> tuple[list[int | None], bool, Recovery]:
+    """One frame up: (caller's registers, whether its pc is exact, how it was found)."""
+    pc = regs[RIP]
+    assert pc is not None
+    row = None
+    if cfi is not None and strategy is not Strategy.FP:
+        row = cfi.row_for(pc if exact else pc - 1)
+    if row is not None:
+        return _cfi_step(row, regs, memory), row.signal_frame, Recovery.CFI
+    if strategy is Strategy.CFI:
+        raise _Stop(StopReason.NO_UNWIND_INFO)
+    return _fp_step(regs, leaf, memory, code), False, Recovery.FRAME_POINTER
+
+
+def _cfi_step(row: UnwindRow, regs: list[int | None], memory: MemoryReader) -> list[int | None]:
+    try:
+        caller = row.caller_registers(regs, memory)
+    except MemoryFault as fault:
+        raise _Stop(StopReason.FAULT, fault.address) from fault
+    except UnsupportedExpression as err:
+        raise _Stop(StopReason.BAD_CFI) from err
+    _check_progress(regs, caller, row.signal_frame)
+    return caller
+
+
+def _fp_step(
+    regs: list[int | None], leaf: bool, memory: MemoryReader, code: MemoryReader | None
+) -> list[int | None]:
+    rsp, rbp = regs[RSP], regs[RBP]
+    if rsp is None or rbp is None:
+        raise _Stop(StopReason.NO_UNWIND_INFO)
+    slot = leaf_return_slot(code, regs[RIP] or 0, rsp) if leaf and code is not None else None
+    if slot is None and 0 < rbp < rsp:
+        raise _Stop(StopReason.NO_PROGRESS)
+    try:
+        caller_pc, caller_rsp, caller_rbp = frame_pointer_step(memory, rsp, rbp, slot)
+    except MemoryFault as fault:
+        raise _Stop(StopReason.FAULT, fault.address) from fault
+    if caller_rsp is None:
+        raise _Stop(StopReason.END_OF_STACK if rbp == 0 else StopReason.BAD_FRAME)
+    caller: list[int | None] = [None] * REGISTER_COUNT
+    caller[RIP], caller[RSP], caller[RBP] = caller_pc, caller_rsp, caller_rbp
+    for register in (3, 12, 13, 14, 15):
+        caller[register] = regs[register]
+    _check_progress(regs, caller, signal=False)
+    return caller
+
+
+def _check_progress(regs: list[int | None], caller: list[int | None], signal: bool) -> None:
+    """A caller's frame lies above its callee's: anything else is garbage or a loop.
+
+    An interrupt frame may switch stacks, so only its own repetition is caught (by
+    the caller of this function)."""
+    before, after = regs[RSP], caller[RSP]
+    if after is None:
+        raise _Stop(StopReason.NO_PROGRESS)
+    if not signal and before is not None and after <= before:
+        raise _Stop(StopReason.NO_PROGRESS)
