@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 APT_PACKAGES := qemu-system-x86 gdb gcc make binutils python3-venv
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help demo test unit integration lint format deps system-deps guest clean
+.PHONY: help demo test unit integration bench lint format deps system-deps guest clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -25,6 +25,9 @@ unit: deps  ## unit tests only (no QEMU)
 
 integration: deps guest  ## integration tests only (boots the example guest)
 	$(BIN)/pytest -q tests/integration
+
+bench: deps guest  ## benchmarks (print ratios measured side by side; last line JSON)
+	$(BIN)/python bench/unwind.py
 
 lint: deps  ## ruff (lint + format check) and mypy --strict
 	$(BIN)/ruff check qmpprof tests $(wildcard bench)

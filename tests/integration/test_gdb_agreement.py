@@ -1,5 +1,10 @@
 """With GDB holding the guest stopped at random points, `qmpprof dump --json` must agree
-with GDB's backtrace frame for frame, and must leave the VM paused."""
+with GDB's backtrace frame for frame, and must leave the VM paused.
+
+The fp guest is checked with the default unwinder; the nofp guest (-O2
+-fomit-frame-pointer, only DWARF CFI can unwind it) with the default unwinder and,
+for comparison, with frame pointers alone.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import os
 import random
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -15,13 +21,56 @@ import pytest
 from tests.integration.conftest import Guest, boot_guest, run_qmpprof, stop_guest
 from tests.integration.gdb_mi import GdbFrame, GdbMi
 
-PAUSES = int(os.environ.get("QMPPROF_GDB_PAUSES", "100"))
 REQUIRED_AGREEMENT = 0.99
+SIGNAL_FRAME = "<signal handler called>"
+Frames = list[tuple[int, str | None]]
+
+
+@dataclass
+class Tally:
+    pauses: int = 0
+    agreed: int = 0
+    in_interrupt: int = 0
+    disagreements: list[tuple[Frames, Frames]] = field(default_factory=list)
+
+    def add(self, gdb: list[GdbFrame], ours: Frames) -> None:
+        self.pauses += 1
+        self.in_interrupt += any(f.function == SIGNAL_FRAME for f in gdb)
+        if agree(gdb, ours):
+            self.agreed += 1
+        else:
+            self.disagreements.append(([(f.address, f.function) for f in gdb], ours))
+
+    @property
+    def agreement(self) -> float:
+        return self.agreed / self.pauses if self.pauses else 0.0
+
+    def report(self, label: str) -> str:
+        lines = [f"{label}: agreement {self.agreement:.1%} of {self.pauses} pauses "
+                 f"({self.in_interrupt} inside the timer interrupt)"]
+        for gdb, ours in self.disagreements[:3]:
+            lines.append(f"  gdb:     {[(hex(a), n) for a, n in gdb]}")
+            lines.append(f"  qmpprof: {[(hex(a), n) for a, n in ours]}")
+        return "\n".join(lines)
+
+
+def agree(gdb: list[GdbFrame], ours: Frames) -> bool:
+    """Same addresses frame for frame, and the same function wherever GDB names one
+    (GDB calls an interrupt frame '<signal handler called>' instead of its function)."""
+    if [f.address for f in gdb] != [address for address, _ in ours]:
+        return False
+    return all(
+        f.function == name
+        for f, (_, name) in zip(gdb, ours, strict=True)
+        if f.function != SIGNAL_FRAME
+    )
 
 
 @pytest.fixture
-def gdb_guest(workdir: Path) -> Iterator[tuple[Guest, GdbMi]]:
-    guest = boot_guest(workdir, "--gdb", str(workdir / "gdb.sock"), "--accel", "tcg")
+def gdb_guest(request: pytest.FixtureRequest, workdir: Path) -> Iterator[tuple[Guest, GdbMi]]:
+    variant = request.param
+    guest = boot_guest(workdir, "--gdb", str(workdir / "gdb.sock"), "--accel", "tcg",
+                       "--variant", variant)
     gdb = GdbMi(guest.kernel, guest.gdb)
     try:
         yield guest, gdb
@@ -30,41 +79,51 @@ def gdb_guest(workdir: Path) -> Iterator[tuple[Guest, GdbMi]]:
         stop_guest(guest)
 
 
-def qmpprof_frames(guest: Guest) -> list[tuple[int, str | None]]:
-    done = run_qmpprof("dump", "--json", "--qmp-socket", guest.qmp, "--kernel", str(guest.kernel))
+def qmpprof_frames(guest: Guest, unwind: str) -> Frames:
+    done = run_qmpprof("dump", "--json", "--qmp-socket", guest.qmp, "--kernel",
+                       str(guest.kernel), "--unwind", unwind)
     assert done.returncode == 0, done.stderr
     vcpu = json.loads(done.stdout)["vcpus"][0]
     return [(int(f["address"], 16), f["function"]) for f in vcpu["frames"]]
 
 
-def agree(gdb: list[GdbFrame], ours: list[tuple[int, str | None]]) -> bool:
-    """Same addresses frame for frame, and the same function wherever GDB names one
-    (GDB calls an interrupt frame '<signal handler called>' instead of its function)."""
-    if [f.address for f in gdb] != [address for address, _ in ours]:
-        return False
-    return all(
-        f.function == name
-        for f, (_, name) in zip(gdb, ours, strict=True)
-        if f.function != "<signal handler called>"
-    )
+def pause_randomly(gdb: GdbMi, rng: random.Random) -> list[GdbFrame]:
+    gdb.resume()
+    time.sleep(rng.uniform(0.001, 0.05))  # chooses where to pause; not a synchronisation
+    gdb.interrupt()
+    return gdb.frames()
 
 
-def test_dump_agrees_with_gdb_at_random_pauses(gdb_guest: tuple[Guest, GdbMi]) -> None:
-    guest, gdb = gdb_guest
+def run_pauses(
+    guest: Guest, gdb: GdbMi, pauses: int, unwinders: tuple[str, ...]
+) -> dict[str, Tally]:
     seed = random.randrange(1 << 32)
+    print(f"\nrandom pauses with seed {seed}")
     rng = random.Random(seed)
-    disagreements = []
-    for _ in range(PAUSES):
-        gdb.resume()
-        time.sleep(rng.uniform(0.001, 0.05))  # where to pause, not a synchronisation
-        gdb.interrupt()
-        expected = gdb.frames()
-        actual = qmpprof_frames(guest)
-        if not agree(expected, actual):
-            disagreements.append(([(f.address, f.function) for f in expected], actual))
+    tallies = {unwind: Tally() for unwind in unwinders}
+    for _ in range(pauses):
+        expected = pause_randomly(gdb, rng)
+        for unwind, tally in tallies.items():
+            tally.add(expected, qmpprof_frames(guest, unwind))
         assert guest.status() == "paused", "qmpprof resumed a VM that GDB holds"
-    agreement = 1 - len(disagreements) / PAUSES
-    print(f"\nGDB agreement: {agreement:.1%} of {PAUSES} pauses (seed {seed})")
-    for expected, actual in disagreements[:5]:
-        print(f"  gdb:     {expected}\n  qmpprof: {actual}")
-    assert agreement >= REQUIRED_AGREEMENT
+    return tallies
+
+
+@pytest.mark.parametrize("gdb_guest", ["fp"], indirect=True)
+def test_fp_guest_agrees_with_gdb(gdb_guest: tuple[Guest, GdbMi]) -> None:
+    guest, gdb = gdb_guest
+    pauses = int(os.environ.get("QMPPROF_GDB_PAUSES", "100"))
+    tally = run_pauses(guest, gdb, pauses, ("auto",))["auto"]
+    print(tally.report("fp guest, --unwind auto"))
+    assert tally.agreement >= REQUIRED_AGREEMENT
+
+
+@pytest.mark.parametrize("gdb_guest", ["nofp"], indirect=True)
+def test_nofp_guest_agrees_with_gdb_through_cfi(gdb_guest: tuple[Guest, GdbMi]) -> None:
+    guest, gdb = gdb_guest
+    pauses = int(os.environ.get("QMPPROF_GDB_PAUSES", "200"))
+    tallies = run_pauses(guest, gdb, pauses, ("auto", "fp"))
+    print(tallies["auto"].report("nofp guest, --unwind auto (CFI)"))
+    print(tallies["fp"].report("nofp guest, --unwind fp (frame pointers alone)"))
+    assert tallies["auto"].in_interrupt > 0, "no pause landed in the timer interrupt"
+    assert tallies["auto"].agreement >= REQUIRED_AGREEMENT
