@@ -2,43 +2,27 @@
 
 from __future__ import annotations
 
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from qmpprof.model import RawSample
 from qmpprof.record.capture import CaptureConfig, capture_vcpus
 from qmpprof.target.memory import open_memory
 from qmpprof.target.qmp import QmpSession, paused
-
-ROOT = Path(__file__).resolve().parents[1]
-BOOT = ROOT / "examples" / "guest" / "boot.sh"
-
-
-@dataclass(frozen=True)
-class BootedGuest:
-    pid: int
-    kernel: Path
-    qmp: str
+from tests.guest_vm import Guest, boot_guest, stop_guest
 
 
 @contextmanager
-def booted_guest(*boot_args: str) -> Iterator[BootedGuest]:
+def booted_guest(*boot_args: str) -> Iterator[Guest]:
     """The example guest running in QEMU for the duration of the block."""
     with tempfile.TemporaryDirectory(prefix="qmpprof-bench-") as directory:
-        qmp = str(Path(directory) / "qmp.sock")
-        done = subprocess.run(
-            [str(BOOT), "--qmp", qmp, *boot_args], check=True, capture_output=True, text=True
-        )
-        values = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
-        guest = BootedGuest(int(values["pid"]), Path(values["kernel"]), values["qmp"])
+        guest = boot_guest(Path(directory), *boot_args)
         try:
             yield guest
         finally:
-            subprocess.run([str(BOOT), "stop", str(guest.pid)], check=False)
+            stop_guest(guest)
 
 
 async def capture_samples(qmp: str, count: int, stack_bytes: int) -> list[RawSample]:

@@ -46,8 +46,10 @@ class Tally:
         return self.agreed / self.pauses if self.pauses else 0.0
 
     def report(self, label: str) -> str:
-        lines = [f"{label}: agreement {self.agreement:.1%} of {self.pauses} pauses "
-                 f"({self.in_interrupt} inside the timer interrupt)"]
+        lines = [
+            f"{label}: agreement {self.agreement:.1%} of {self.pauses} pauses "
+            f"({self.in_interrupt} inside the timer interrupt)"
+        ]
         for gdb, ours in self.disagreements[:3]:
             lines.append(f"  gdb:     {[(hex(a), n) for a, n in gdb]}")
             lines.append(f"  qmpprof: {[(hex(a), n) for a, n in ours]}")
@@ -69,8 +71,9 @@ def agree(gdb: list[GdbFrame], ours: Frames) -> bool:
 @pytest.fixture
 def gdb_guest(request: pytest.FixtureRequest, workdir: Path) -> Iterator[tuple[Guest, GdbMi]]:
     variant = request.param
-    guest = boot_guest(workdir, "--gdb", str(workdir / "gdb.sock"), "--accel", "tcg",
-                       "--variant", variant)
+    guest = boot_guest(
+        workdir, "--gdb", str(workdir / "gdb.sock"), "--accel", "tcg", "--variant", variant
+    )
     gdb = GdbMi(guest.kernel, guest.gdb)
     try:
         yield guest, gdb
@@ -80,8 +83,16 @@ def gdb_guest(request: pytest.FixtureRequest, workdir: Path) -> Iterator[tuple[G
 
 
 def qmpprof_frames(guest: Guest, unwind: str) -> Frames:
-    done = run_qmpprof("dump", "--json", "--qmp-socket", guest.qmp, "--kernel",
-                       str(guest.kernel), "--unwind", unwind)
+    done = run_qmpprof(
+        "dump",
+        "--json",
+        "--qmp-socket",
+        guest.qmp,
+        "--kernel",
+        str(guest.kernel),
+        "--unwind",
+        unwind,
+    )
     assert done.returncode == 0, done.stderr
     vcpu = json.loads(done.stdout)["vcpus"][0]
     return [(int(f["address"], 16), f["function"]) for f in vcpu["frames"]]
