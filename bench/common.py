@@ -7,8 +7,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from qmpprof.analysis import Analyzer
 from qmpprof.model import RawSample
-from qmpprof.record.capture import CaptureConfig, capture_vcpus
+from qmpprof.record.capture import CaptureConfig, Capturer
 from qmpprof.target.memory import open_memory
 from qmpprof.target.qmp import QmpSession, paused
 from tests.guest_vm import Guest, boot_guest, stop_guest
@@ -25,16 +26,18 @@ def booted_guest(*boot_args: str) -> Iterator[Guest]:
             stop_guest(guest)
 
 
-async def capture_samples(qmp: str, count: int, stack_bytes: int) -> list[RawSample]:
-    """`count` raw samples of vCPU 0 taken back to back (the VM paused for each)."""
+async def capture_samples(
+    qmp: str, count: int, stack_bytes: int, analyzer: Analyzer
+) -> list[RawSample]:
+    """`count` raw samples taken back to back (the VM paused for each)."""
     session = await QmpSession.connect(qmp)
     memory = await open_memory(session, "auto")
-    config = CaptureConfig(stack_bytes=stack_bytes)
+    capturer = Capturer(session, memory, analyzer, CaptureConfig(stack_bytes=stack_bytes))
     samples: list[RawSample] = []
     try:
         while len(samples) < count:
             async with paused(session):
-                samples += await capture_vcpus(session, memory, config)
+                samples += await capturer.capture()
     finally:
         await memory.close()
         await session.close()

@@ -24,8 +24,10 @@ from elftools.elf.elffile import ELFFile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import booted_guest, capture_samples
+from qmpprof.analysis import Analyzer
 from qmpprof.memory import MemoryReader, WindowMemory
 from qmpprof.model import RawSample
+from qmpprof.modules import load_module
 from qmpprof.unwind.cfi import load_cfi
 from qmpprof.unwind.rules import RIP, RSP
 from qmpprof.unwind.unwinder import Strategy, dwarf_registers, unwind
@@ -40,8 +42,7 @@ def ours(samples: list[RawSample], kernel: Path) -> tuple[list[list[int]], float
     started = time.perf_counter()
     stacks = []
     for sample in samples:
-        assert sample.stack is not None
-        memory = WindowMemory([sample.stack])
+        memory = WindowMemory(sample.windows)
         result = unwind(
             dwarf_registers(sample.registers), memory, table, Strategy.CFI, max_depth=MAX_DEPTH
         )
@@ -107,8 +108,7 @@ def naive(samples: list[RawSample], kernel: Path) -> tuple[list[list[int]], floa
     started = time.perf_counter()
     stacks = []
     for sample in samples:
-        assert sample.stack is not None
-        memory = WindowMemory([sample.stack])
+        memory = WindowMemory(sample.windows)
         stacks.append(unwinder.unwind(dwarf_registers(sample.registers), memory))
     return stacks, time.perf_counter() - started
 
@@ -119,10 +119,11 @@ def main() -> None:
     args = parser.parse_args()
     with booted_guest("--variant", "nofp", "--accel", "tcg") as guest:
         started = time.perf_counter()
-        samples = asyncio.run(capture_samples(guest.qmp, args.samples, stack_bytes=2048))
+        analyzer = Analyzer(load_module(guest.kernel))
+        samples = asyncio.run(capture_samples(guest.qmp, args.samples, 2048, analyzer))
         print(f"captured {len(samples)} samples in {time.perf_counter() - started:.1f} s")
         kernel = guest.kernel
-    samples = [s for s in samples if s.stack is not None]
+    samples = [s for s in samples if s.windows]
     stacks, seconds = ours(samples, kernel)
     frames = sum(map(len, stacks))
     subset = samples

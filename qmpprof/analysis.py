@@ -1,51 +1,139 @@
-"""From a captured RawSample to a symbolized Sample: pure, replayable, safe on any guest data."""
+"""From a captured RawSample to a symbolized Sample: pure, replayable, safe on any guest data.
+
+Each sample runs in one address space: the kernel's module covers the upper half, the
+user binary identified for its CR3 (if any) the lower half.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from qmpprof.errors import MemoryFault
+from qmpprof.guest.adapter import GenericAdapter, OsAdapter
 from qmpprof.guest.mode import mode_of
-from qmpprof.memory import MemoryReader, WindowMemory
-from qmpprof.model import FrameAddress, FrameKind, RawSample, Sample, StopReason, UnwoundStack
+from qmpprof.memory import WindowMemory
+from qmpprof.model import (
+    FrameAddress,
+    FrameKind,
+    Mode,
+    Process,
+    RawSample,
+    Sample,
+    StopReason,
+    UnwoundStack,
+    is_kernel_address,
+)
+from qmpprof.modules import Module
 from qmpprof.symbols.symbolizer import Symbolizer
 from qmpprof.unwind.framepointer import DEFAULT_MAX_DEPTH
-from qmpprof.unwind.unwinder import CfiLookup, Strategy, dwarf_registers, unwind
+from qmpprof.unwind.rules import UnwindRow
+from qmpprof.unwind.unwinder import Strategy, dwarf_registers, unwind
+
+
+class AddressSpace:
+    """The modules one sample can run in, routed by address half."""
+
+    def __init__(self, kernel: Module | None, user: Module | None) -> None:
+        self.kernel = kernel
+        self.user = user
+        self.symbolizer = Symbolizer([m.symbols for m in (kernel, user) if m is not None])
+
+    def _module(self, address: int) -> Module | None:
+        return self.kernel if is_kernel_address(address) else self.user
+
+    def row_for(self, address: int) -> UnwindRow | None:
+        module = self._module(address)
+        return module.cfi.row_for(address) if module is not None else None
+
+    def read(self, address: int, size: int) -> bytes:
+        """Code bytes from the module's file (for the frame-pointer leaf heuristic)."""
+        module = self._module(address)
+        if module is None:
+            raise MemoryFault(address, size)
+        return module.code.read(address, size)
+
+    def read_u64(self, address: int) -> int:
+        return int.from_bytes(self.read(address, 8), "little")
 
 
 class Analyzer:
-    """Unwinds and symbolizes raw samples with one set of modules."""
+    """Unwinds, symbolizes and labels raw samples with one kernel and its user binaries."""
 
     def __init__(
         self,
-        symbolizer: Symbolizer,
-        cfi: CfiLookup | None = None,
-        code: MemoryReader | None = None,
+        kernel: Module | None = None,
+        users: Mapping[str, Module] | None = None,
+        adapter: OsAdapter | None = None,
         strategy: Strategy = Strategy.AUTO,
         max_depth: int = DEFAULT_MAX_DEPTH,
     ) -> None:
-        self.symbolizer = symbolizer
-        self.cfi = cfi
-        self.code = code
+        self.kernel = kernel
+        self.users = dict(users or {})
+        self.adapter: OsAdapter = adapter or GenericAdapter()
         self.strategy = strategy
         self.max_depth = max_depth
+        self._spaces: dict[str | None, AddressSpace] = {}
+
+    @property
+    def has_symbols(self) -> bool:
+        return self.kernel is not None and len(self.kernel.symbols) > 0
+
+    def space(self, raw: RawSample) -> AddressSpace:
+        name = raw.user_module if raw.user_module in self.users else None
+        if name not in self._spaces:
+            self._spaces[name] = AddressSpace(self.kernel, self.users.get(name or ""))
+        return self._spaces[name]
 
     def unwind(self, raw: RawSample) -> UnwoundStack:
         """The addresses of `raw`'s stack, leaf first."""
         regs = raw.registers
-        if raw.stack is None:
+        if not raw.windows:
             leaf = FrameAddress(regs.rip, FrameKind.INSTRUCTION)
             return UnwoundStack((leaf,), StopReason.NO_STACK)
-        memory = WindowMemory([raw.stack])
-        return unwind(
-            dwarf_registers(regs), memory, self.cfi, self.strategy, self.code, self.max_depth
-        )
+        space = self.space(raw)
+        memory = WindowMemory(raw.windows)
+        return unwind(dwarf_registers(regs), memory, space, self.strategy, space, self.max_depth)
+
+    def process(self, raw: RawSample) -> Process | None:
+        """The process the OS adapter sees on this vCPU; None if it cannot tell."""
+        try:
+            return self.adapter.process(raw.registers, WindowMemory(raw.windows))
+        except MemoryFault:
+            return None
+
+    def missing_address(self, raw: RawSample) -> int | None:
+        """An address this sample's unwind or process lookup needs and its windows lack."""
+        stack = self.unwind(raw)
+        if stack.stop is StopReason.FAULT and stack.fault_address is not None:
+            return stack.fault_address
+        try:
+            self.adapter.process(raw.registers, WindowMemory(raw.windows))
+        except MemoryFault as fault:
+            return fault.address
+        return None
 
     def analyze(self, raw: RawSample) -> Sample:
-        """Unwind and symbolize one vCPU's capture."""
+        """Unwind, symbolize and label one vCPU's capture."""
         stack = self.unwind(raw)
+        frames = tuple(self.space(raw).symbolizer.symbolize(f) for f in stack.frames)
+        mode = mode_of(raw.registers)
         return Sample(
             time=raw.time,
             vcpu=raw.vcpu,
-            mode=mode_of(raw.registers),
-            frames=tuple(self.symbolizer.symbolize(f) for f in stack.frames),
+            mode=mode,
+            frames=frames,
             stop=stack.stop,
+            address_space=raw.address_space,
+            process=self.process(raw),
             fault_address=stack.fault_address,
+            unsymbolized=self._why_unsymbolized(raw, mode, frames[0].function),
         )
+
+    def _why_unsymbolized(self, raw: RawSample, mode: Mode, leaf: str | None) -> str | None:
+        if mode is not Mode.USER or leaf is not None:
+            return None
+        if not self.users:
+            return "no user binaries given (--user-dir / --user)"
+        if raw.user_module is None:
+            return f"no given binary matches address space cr3:{raw.address_space:#x}"
+        return f"pc outside the symbols of {raw.user_module}"

@@ -18,6 +18,7 @@ from qmpprof.commands.common import TargetOptions
 from qmpprof.commands.dump import DumpOptions, run_dump
 from qmpprof.commands.record import RecordOptions, run_record
 from qmpprof.errors import QmpprofError
+from qmpprof.profile import Scope
 from qmpprof.unwind.unwinder import Strategy
 
 COMMANDS = ("record", "dump")
@@ -108,6 +109,29 @@ def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
         help="auto: DWARF CFI, frame pointers where no CFI covers a frame (default); "
         "cfi: CFI only; fp: frame pointers only",
     )
+    parser.add_argument(
+        "--user-dir",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="user binaries with symbols, named after their process (DIR/NAME.elf); repeatable",
+    )
+    parser.add_argument(
+        "--user",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="ELF",
+        help="one user binary with symbols; repeatable",
+    )
+    parser.add_argument(
+        "--cpus",
+        type=_cpu_list,
+        default=(),
+        metavar="LIST",
+        help="only these vCPUs, e.g. 0,2 (default all)",
+    )
     parser.add_argument("--one-shot", action="store_true", help="same as the dump command")
 
 
@@ -143,13 +167,22 @@ def _add_record_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--idle", action="store_true", help="include idle (halted) samples in stacks"
     )
-    parser.add_argument(
-        "--cpus",
-        type=_cpu_list,
-        default=(),
-        metavar="LIST",
-        help="only these vCPUs, e.g. 0,2 (default all)",
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--kernel-only",
+        action="store_const",
+        dest="scope",
+        const=Scope.KERNEL,
+        help="only samples taken in the kernel, kernel frames only",
     )
+    scope.add_argument(
+        "--user-only",
+        action="store_const",
+        dest="scope",
+        const=Scope.USER,
+        help="only user frames (a sample in a syscall counts at its user call site)",
+    )
+    parser.set_defaults(scope=Scope.ALL)
     parser.add_argument("--verbose", action="store_true", help="say more about the setup")
     parser.set_defaults(json=False, show_addresses=False)
 
@@ -167,6 +200,9 @@ def _target_options(args: argparse.Namespace) -> TargetOptions:
         stack_bytes=args.stack_bytes,
         max_depth=args.max_depth,
         unwind=Strategy(args.unwind),
+        user_dirs=tuple(args.user_dir),
+        user_files=tuple(args.user),
+        cpus=args.cpus,
     )
 
 
@@ -178,7 +214,7 @@ def _record_options(args: argparse.Namespace) -> RecordOptions:
         duration_s=args.duration,
         period_s=period,
         include_idle=args.idle,
-        cpus=args.cpus,
+        scope=args.scope,
         verbose=args.verbose,
     )
 

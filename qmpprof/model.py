@@ -7,7 +7,7 @@ A `RawSample` is what one tick captured from one vCPU; everything downstream
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 
 
@@ -97,9 +97,17 @@ class RegisterSet:
         return self.general["rbp"]
 
 
+#: x86-64 canonical addresses at or above this are the kernel's half.
+KERNEL_HALF = 0xFFFF_8000_0000_0000
+
+
+def is_kernel_address(address: int) -> bool:
+    return address >= KERNEL_HALF
+
+
 @dataclass(frozen=True)
 class MemoryWindow:
-    """Guest memory captured from `base` upward (a stack grows down, so frames are above)."""
+    """Bytes of guest virtual memory starting at `base` (in one vCPU's address space)."""
 
     base: int
     data: bytes
@@ -110,17 +118,43 @@ class MemoryWindow:
 
 
 @dataclass(frozen=True)
+class Process:
+    """A guest process as the OS adapter names it. pid None: no process (kernel only)."""
+
+    pid: int | None
+    name: str
+
+    def label(self) -> str:
+        return self.name if self.pid is None else f"{self.name} ({self.pid})"
+
+
+#: What runs on a CPU that the OS adapter says has no current process.
+KERNEL_ONLY = Process(None, "[kernel]")
+
+
+@dataclass(frozen=True)
 class RawSample:
-    """What one tick captured from one vCPU. `error` says why a part is missing."""
+    """What one tick captured from one vCPU: its registers and every window of its memory
+    read to unwind it and name its process. `error` says why a part is missing.
+
+    `user_module` names the user ELF identified in this address space (by the hash of
+    its .text read from guest memory), if any.
+    """
 
     time: float
     registers: RegisterSet
-    stack: MemoryWindow | None = None
+    windows: tuple[MemoryWindow, ...] = ()
+    user_module: str | None = None
     error: str | None = None
 
     @property
     def vcpu(self) -> int:
         return self.registers.vcpu
+
+    @property
+    def address_space(self) -> int:
+        """The page-table root (CR3 without its flag bits)."""
+        return self.registers.cr3 & ~0xFFF
 
 
 @dataclass(frozen=True)
@@ -141,6 +175,10 @@ class Frame:
     offset: int
     module: str | None
 
+    @property
+    def is_kernel(self) -> bool:
+        return is_kernel_address(self.address.address)
+
     def label(self) -> str:
         """The name used in profiles: the function, or the raw address when unknown."""
         if self.function is None:
@@ -150,12 +188,24 @@ class Frame:
 
 @dataclass(frozen=True)
 class Sample:
-    """One vCPU at one tick, unwound and symbolized: the unit a profile counts."""
+    """One vCPU at one tick, unwound and symbolized: the unit a profile counts.
+
+    `process` is None when no OS adapter could tell; `unsymbolized` says why a user
+    leaf has no name (None when it has one, or the sample is not in user mode).
+    """
 
     time: float
     vcpu: int
     mode: Mode
     frames: tuple[Frame, ...]
     stop: StopReason
+    address_space: int = 0
+    process: Process | None = None
     fault_address: int | None = None
-    labels: Mapping[str, str] = field(default_factory=dict)
+    unsymbolized: str | None = None
+
+    def label(self) -> str:
+        """The root frame of this sample's stack: its process, else its address space."""
+        if self.process is not None:
+            return self.process.label()
+        return f"cr3:{self.address_space:#x}"

@@ -1,11 +1,22 @@
-"""Aggregate samples into stacks with counts."""
+"""Aggregate samples into stacks with counts, per process."""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from enum import Enum
 
-from qmpprof.model import Mode, Sample
+from qmpprof.model import Frame, Mode, Sample
+
+
+class Scope(Enum):
+    """Which part of each stack to keep (`--kernel-only`, `--user-only`)."""
+
+    ALL = "all"
+    #: Samples taken in the kernel, kernel frames only.
+    KERNEL = "kernel"
+    #: The user frames of every sample that has any (a syscall counts at its call site).
+    USER = "user"
 
 
 @dataclass(frozen=True)
@@ -18,20 +29,42 @@ class StackCount:
 
 @dataclass
 class Profile:
-    """Counts of stacks (root-first frame labels) and of samples per mode.
+    """Counts of stacks, root first: the process label, then frame labels.
 
-    Idle samples are counted in `modes` but only enter `stacks` with include_idle.
+    Every sample is counted in `modes`; idle samples enter `stacks` only with
+    include_idle, and samples outside the scope not at all (`filtered`).
     """
 
     include_idle: bool = False
+    scope: Scope = Scope.ALL
     stacks: Counter[tuple[str, ...]] = field(default_factory=Counter)
     modes: Counter[Mode] = field(default_factory=Counter)
+    processes: Counter[str] = field(default_factory=Counter)
+    unsymbolized: Counter[str] = field(default_factory=Counter)
+    filtered: int = 0
 
     def add(self, sample: Sample) -> None:
         self.modes[sample.mode] += 1
+        if sample.unsymbolized is not None:
+            self.unsymbolized[sample.unsymbolized] += 1
         if sample.mode is Mode.IDLE and not self.include_idle:
             return
-        self.stacks[tuple(frame.label() for frame in reversed(sample.frames))] += 1
+        frames = self._in_scope(sample)
+        if not frames:
+            self.filtered += 1
+            return
+        label = sample.label()
+        self.processes[label] += 1
+        self.stacks[(label, *(frame.label() for frame in reversed(frames)))] += 1
+
+    def _in_scope(self, sample: Sample) -> tuple[Frame, ...]:
+        if self.scope is Scope.KERNEL:
+            if sample.mode is Mode.USER:
+                return ()
+            return tuple(f for f in sample.frames if f.is_kernel)
+        if self.scope is Scope.USER:
+            return tuple(f for f in sample.frames if not f.is_kernel)
+        return sample.frames
 
     @property
     def total(self) -> int:

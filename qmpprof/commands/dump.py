@@ -9,7 +9,6 @@ from rich.console import Console
 from qmpprof.commands.common import TargetOptions, build_analyzer, connected
 from qmpprof.errors import KernelMismatch
 from qmpprof.output.dump import dump_json, dump_text
-from qmpprof.record.capture import CaptureConfig, capture_vcpus
 from qmpprof.symbols.coverage import KernelCoverage
 from qmpprof.target.qmp import paused
 
@@ -24,9 +23,8 @@ class DumpOptions:
 async def run_dump(options: DumpOptions, out: Console) -> None:
     """Print every vCPU's stack. Raises QmpprofError (KernelMismatch after printing)."""
     analyzer = build_analyzer(options.target)
-    capture = CaptureConfig(stack_bytes=options.target.stack_bytes)
-    async with connected(options.target) as (session, memory), paused(session):
-        raws = await capture_vcpus(session, memory, capture)
+    async with connected(options.target, analyzer) as (session, _, capturer), paused(session):
+        raws = await capturer.capture()
     samples = [analyzer.analyze(raw) for raw in raws]
     if options.as_json:
         out.out(dump_json(samples), highlight=False)

@@ -18,8 +18,7 @@ from qmpprof.model import RawSample
 from qmpprof.output.folded import write_folded
 from qmpprof.output.progress import RecordProgress
 from qmpprof.output.summary import render_summary
-from qmpprof.profile import Profile
-from qmpprof.record.capture import CaptureConfig
+from qmpprof.profile import Profile, Scope
 from qmpprof.record.sampler import LoopConfig, RecordStats, sample_loop
 from qmpprof.symbols.coverage import KernelCoverage
 
@@ -31,16 +30,16 @@ class RecordOptions:
     duration_s: float | None = 10.0
     period_s: float = 1 / 99
     include_idle: bool = False
-    cpus: tuple[int, ...] = ()
+    scope: Scope = Scope.ALL
     verbose: bool = False
 
 
 class _Collector:
     """Turns each tick's raw samples into the profile; notices a wrong kernel early."""
 
-    def __init__(self, analyzer: Analyzer, include_idle: bool, stop: asyncio.Event) -> None:
+    def __init__(self, analyzer: Analyzer, profile: Profile, stop: asyncio.Event) -> None:
         self.analyzer = analyzer
-        self.profile = Profile(include_idle=include_idle)
+        self.profile = profile
         self.coverage = KernelCoverage()
         self._stop = stop
 
@@ -60,24 +59,24 @@ async def run_record(options: RecordOptions, out: Console, err: Console) -> None
     """
     analyzer = build_analyzer(options.target)
     stop = asyncio.Event()
-    collector = _Collector(analyzer, options.include_idle, stop)
-    loop_config = LoopConfig(
-        period_s=options.period_s,
-        duration_s=options.duration_s,
-        capture=CaptureConfig(stack_bytes=options.target.stack_bytes, cpus=options.cpus),
-    )
-    async with connected(options.target) as (session, memory):
-        if not analyzer.symbolizer.has_symbols:
+    profile = Profile(include_idle=options.include_idle, scope=options.scope)
+    collector = _Collector(analyzer, profile, stop)
+    loop_config = LoopConfig(period_s=options.period_s, duration_s=options.duration_s)
+    async with connected(options.target, analyzer) as (session, memory, capturer):
+        if not analyzer.has_symbols:
             err.print(
                 "warning: no kernel symbols (--kernel): frames will be raw addresses",
                 soft_wrap=True,
             )
         if options.verbose:
-            err.print(f"memory backend: {memory.name}")
+            err.print(
+                f"memory backend: {memory.name}; OS adapter: {analyzer.adapter.name}; "
+                f"user binaries: {', '.join(sorted(analyzer.users)) or 'none'}"
+            )
         err.print(_start_line(options), soft_wrap=True, markup=False)
         with _stop_on_signals(stop), RecordProgress(err, options.duration_s) as progress:
             stats = await sample_loop(
-                session, memory, loop_config, stop, collector, progress.update
+                session, capturer, loop_config, stop, collector, progress.update
             )
     if stop.is_set() and not collector.coverage.mismatched:
         stats.ended_by = "interrupted"

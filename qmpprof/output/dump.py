@@ -14,10 +14,13 @@ def dump_json(samples: Sequence[Sample]) -> str:
 
 
 def _vcpu_json(sample: Sample) -> dict[str, object]:
+    process = sample.process
     return {
         "vcpu": sample.vcpu,
         "mode": sample.mode.value,
         "pc": f"{sample.frames[0].address.address:#x}",
+        "cr3": f"{sample.address_space:#x}",
+        "process": None if process is None else {"pid": process.pid, "name": process.name},
         "frames": [_frame_json(f) for f in sample.frames],
         "stop": sample.stop.value,
     }
@@ -40,7 +43,7 @@ def dump_text(samples: Sequence[Sample], show_addresses: bool) -> str:
 
 def _vcpu_text(sample: Sample, show_addresses: bool) -> str:
     pc = sample.frames[0].address.address
-    lines = [f"vCPU {sample.vcpu} [{sample.mode.value}] pc={pc:#x}"]
+    lines = [f"vCPU {sample.vcpu} [{sample.mode.value}] {sample.label()} pc={pc:#x}"]
     width = len(str(len(sample.frames) - 1))
     for index, frame in enumerate(sample.frames):
         address = f"{frame.address.address:#018x} " if show_addresses else ""

@@ -17,6 +17,10 @@ def render_summary(profile: Profile, stats: RecordStats, console: Console, limit
     """Print what was recorded and the `limit` heaviest stacks with percentages."""
     console.print(Text(_counts_line(stats)), soft_wrap=True)
     console.print(Text(_modes_line(profile)), soft_wrap=True)
+    if len(profile.processes) > 1 or profile.unsymbolized:
+        console.print(Text(_processes_line(profile)), soft_wrap=True)
+    for reason, count in profile.unsymbolized.most_common():
+        console.print(Text(f"unsymbolized user samples: {count} ({reason})"), soft_wrap=True)
     if stats.ended_by:
         console.print(
             Text(f"recording ended early: {stats.ended_by}"), style="yellow", soft_wrap=True
@@ -42,6 +46,12 @@ def _modes_line(profile: Profile) -> str:
     total = profile.total or 1
     parts = [f"{m.value} {profile.modes[m]} ({100 * profile.modes[m] / total:.1f}%)" for m in Mode]
     return "samples: " + ", ".join(parts)
+
+
+def _processes_line(profile: Profile) -> str:
+    total = sum(profile.processes.values()) or 1
+    parts = [f"{label} {100 * n / total:.1f}%" for label, n in profile.processes.most_common()]
+    return "processes: " + ", ".join(parts)
 
 
 def top_stacks_table(profile: Profile, limit: int) -> Table:

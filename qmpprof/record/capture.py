@@ -1,13 +1,20 @@
-"""Capture one tick: the registers of every vCPU and a window of each one's stack."""
+"""Capture one tick: every vCPU's registers and the guest memory needed to unwind it.
+
+Memory is read on demand: a first window around RSP, then, while the pure analysis
+faults on an address no window holds (a user stack after a syscall frame, the OS
+adapter's process struct), one more window there; a few rounds at most.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from qmpprof.analysis import Analyzer
 from qmpprof.model import MemoryWindow, RawSample, RegisterSet
-from qmpprof.target.memory import MemoryBackend
+from qmpprof.record.identify import AddressSpaceIdentifier
+from qmpprof.target.memory import PAGE_SIZE, MemoryBackend
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.registers import parse_all
 
@@ -15,6 +22,7 @@ DEFAULT_STACK_BYTES = 16 * 1024
 #: Also read this much below RSP: CFI may restore a register from a slot the leaf
 #: has already popped (GCC keeps the save rule until the `ret`), and GDB reads it.
 BELOW_RSP = 128
+MAX_EXTRA_WINDOWS = 4
 
 
 @dataclass(frozen=True)
@@ -26,34 +34,66 @@ class CaptureConfig:
     cpus: Collection[int] = ()
 
 
-async def capture_vcpus(
-    session: QmpSession, memory: MemoryBackend, config: CaptureConfig
-) -> list[RawSample]:
-    """Registers and stack windows of the selected vCPUs, as they are right now.
+class Capturer:
+    """Takes the raw samples of one tick (the caller decides whether the VM is paused)."""
 
-    The caller decides whether the VM is paused meanwhile. Raises TargetGone,
-    CommandFailed or RegisterParseError; a vCPU whose stack cannot be read yields a
-    RawSample with `error` set instead.
-    """
-    now = time.time()
-    registers = parse_all(await session.hmp("info registers -a"))
-    return [
-        await _capture_one(memory, regs, config.stack_bytes, now)
-        for regs in registers
-        if not config.cpus or regs.vcpu in config.cpus
-    ]
+    def __init__(
+        self, session: QmpSession, memory: MemoryBackend, analyzer: Analyzer, config: CaptureConfig
+    ) -> None:
+        self._session = session
+        self._memory = memory
+        self._analyzer = analyzer
+        self._config = config
+        self._identifier = AddressSpaceIdentifier(memory, analyzer.users)
 
+    async def capture(self) -> list[RawSample]:
+        """Raw samples of the selected vCPUs as they are now.
 
-async def _capture_one(
-    memory: MemoryBackend, regs: RegisterSet, stack_bytes: int, now: float
-) -> RawSample:
-    if regs.bits != 64:
-        return RawSample(now, regs, error=f"vCPU in {regs.bits}-bit mode: stack not read")
-    base = regs.rsp - BELOW_RSP
-    data = await memory.read_window(regs.vcpu, base, stack_bytes + BELOW_RSP)
-    if len(data) <= BELOW_RSP:  # the page below RSP may be unmapped: start at RSP
-        base = regs.rsp
-        data = await memory.read_window(regs.vcpu, base, stack_bytes)
-    if not data:
-        return RawSample(now, regs, error=f"stack unreadable at rsp={regs.rsp:#x}")
-    return RawSample(now, regs, MemoryWindow(base, data))
+        Raises TargetGone, CommandFailed or RegisterParseError; a vCPU whose stack
+        cannot be read yields a RawSample with `error` set instead.
+        """
+        now = time.time()
+        registers = parse_all(await self._session.hmp("info registers -a"))
+        cpus = self._config.cpus
+        return [await self._one(regs, now) for regs in registers if not cpus or regs.vcpu in cpus]
+
+    async def _one(self, regs: RegisterSet, now: float) -> RawSample:
+        if regs.bits != 64:
+            return RawSample(now, regs, error=f"vCPU in {regs.bits}-bit mode: stack not read")
+        user_module = await self._identifier.identify(regs)
+        window = await self._stack_window(regs)
+        if window is None:
+            return RawSample(
+                now, regs, user_module=user_module, error=f"stack unreadable at rsp={regs.rsp:#x}"
+            )
+        return await self._complete(RawSample(now, regs, (window,), user_module))
+
+    async def _stack_window(self, regs: RegisterSet) -> MemoryWindow | None:
+        base = regs.rsp - BELOW_RSP
+        size = self._config.stack_bytes + BELOW_RSP
+        data = await self._memory.read_window(regs.vcpu, base, size)
+        if len(data) <= BELOW_RSP:  # the page below RSP may be unmapped: start at RSP
+            base = regs.rsp
+            data = await self._memory.read_window(regs.vcpu, base, self._config.stack_bytes)
+        return MemoryWindow(base, data) if data else None
+
+    async def _complete(self, raw: RawSample) -> RawSample:
+        """Fetch what the analysis still misses, a bounded number of times."""
+        for _ in range(MAX_EXTRA_WINDOWS):
+            address = self._analyzer.missing_address(raw)
+            if address is None:
+                break
+            window = await self._window_at(raw.vcpu, address)
+            if window is None:
+                break
+            raw = replace(raw, windows=(*raw.windows, window))
+        return raw
+
+    async def _window_at(self, vcpu: int, address: int) -> MemoryWindow | None:
+        """A window holding `address`: from a little below it to the end of the next page."""
+        size = 2 * PAGE_SIZE - address % PAGE_SIZE
+        for base in (max(address - BELOW_RSP, 0), address):
+            data = await self._memory.read_window(vcpu, base, size + address - base)
+            if base + len(data) > address:
+                return MemoryWindow(base, data)
+        return None

@@ -9,9 +9,8 @@ from dataclasses import dataclass
 
 from qmpprof.errors import CommandFailed, RegisterParseError, TargetGone
 from qmpprof.model import RawSample
-from qmpprof.record.capture import CaptureConfig, capture_vcpus
+from qmpprof.record.capture import Capturer
 from qmpprof.record.schedule import Schedule
-from qmpprof.target.memory import MemoryBackend
 from qmpprof.target.qmp import QmpSession, paused
 
 #: This many failed ticks in a row means QEMU is stuck, not unlucky.
@@ -43,7 +42,6 @@ class RecordStats:
 class LoopConfig:
     period_s: float
     duration_s: float | None
-    capture: CaptureConfig
     jitter: float = 0.1
 
 
@@ -53,7 +51,7 @@ ProgressSink = Callable[[RecordStats], None]
 
 async def sample_loop(
     session: QmpSession,
-    memory: MemoryBackend,
+    capturer: Capturer,
     config: LoopConfig,
     stop: asyncio.Event,
     on_samples: SampleSink,
@@ -75,7 +73,7 @@ async def sample_loop(
             break
         stats.requested += slot.missed + 1
         stats.late += schedule.is_late(slot.deadline, time.monotonic())
-        failures = await _one_tick(session, memory, config.capture, stats, on_samples, failures)
+        failures = await _one_tick(session, capturer, stats, on_samples, failures)
         stats.elapsed_s = time.monotonic() - start
         if on_progress is not None:
             on_progress(stats)
@@ -85,15 +83,14 @@ async def sample_loop(
 
 async def _one_tick(
     session: QmpSession,
-    memory: MemoryBackend,
-    capture: CaptureConfig,
+    capturer: Capturer,
     stats: RecordStats,
     on_samples: SampleSink,
     failures: int,
 ) -> int:
     """Take one tick; returns the updated count of consecutive failures."""
     try:
-        samples = await _paused_capture(session, memory, capture, stats)
+        samples = await _paused_capture(session, capturer, stats)
     except TargetGone:
         stats.ended_by = "QEMU exited"
         return failures
@@ -111,7 +108,7 @@ async def _one_tick(
 
 
 async def _paused_capture(
-    session: QmpSession, memory: MemoryBackend, capture: CaptureConfig, stats: RecordStats
+    session: QmpSession, capturer: Capturer, stats: RecordStats
 ) -> list[RawSample] | None:
     """The tick's samples, or None when someone else holds the VM paused."""
     async with paused(session) as we_paused:
@@ -119,7 +116,7 @@ async def _paused_capture(
             stats.skipped_paused += 1
             return None
         held_from = time.monotonic()
-        samples = await capture_vcpus(session, memory, capture)
+        samples = await capturer.capture()
     stats.paused_s += time.monotonic() - held_from
     return samples
 

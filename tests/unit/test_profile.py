@@ -1,35 +1,68 @@
-"""Aggregation into folded stacks."""
+"""Aggregation into folded stacks: process roots, scopes, idle."""
 
-from qmpprof.model import Frame, FrameAddress, FrameKind, Mode, Sample, StopReason
+from qmpprof.model import (
+    KERNEL_ONLY,
+    Frame,
+    FrameAddress,
+    FrameKind,
+    Mode,
+    Process,
+    Sample,
+    StopReason,
+)
 from qmpprof.output.folded import folded_lines
-from qmpprof.profile import Profile
+from qmpprof.profile import Profile, Scope
+
+KERNEL = 0xFFFF_FFFF_8010_0000
+CRUNCH = Process(1, "crunch")
 
 
-def sample(names: list[str | None], mode: Mode = Mode.KERNEL) -> Sample:
+def sample(
+    names: list[str | None],
+    mode: Mode = Mode.KERNEL,
+    process: Process | None = CRUNCH,
+    kernel_frames: int | None = None,
+) -> Sample:
+    """Frames leaf first; the first `kernel_frames` (default: all in kernel mode) are kernel."""
+    if kernel_frames is None:
+        kernel_frames = len(names) if mode is not Mode.USER else 0
     frames = tuple(
         Frame(
-            FrameAddress(0x1000 + i, FrameKind.RETURN if i else FrameKind.INSTRUCTION),
+            FrameAddress(
+                (KERNEL if i < kernel_frames else 0x401000) + i,
+                FrameKind.RETURN if i else FrameKind.INSTRUCTION,
+            ),
             name,
             0,
-            "k" if name else None,
+            "m" if name else None,
         )
         for i, name in enumerate(names)
     )
-    return Sample(0.0, 0, mode, frames, StopReason.END_OF_STACK)
+    return Sample(0.0, 0, mode, frames, StopReason.END_OF_STACK, 0x5000, process)
 
 
-def test_folded_is_root_first_heaviest_first() -> None:
+def test_folded_is_process_then_root_first_heaviest_first() -> None:
     profile = Profile()
     for _ in range(3):
         profile.add(sample(["leaf_a", "mid", "main"]))
-    profile.add(sample(["leaf_b", "main"]))
-    assert list(folded_lines(profile)) == ["main;mid;leaf_a 3", "main;leaf_b 1"]
+    profile.add(sample(["leaf_b", "main"], process=KERNEL_ONLY))
+    assert list(folded_lines(profile)) == [
+        "crunch (1);main;mid;leaf_a 3",
+        "[kernel];main;leaf_b 1",
+    ]
+    assert profile.processes == {"crunch (1)": 3, "[kernel]": 1}
+
+
+def test_unknown_process_is_labelled_by_address_space() -> None:
+    profile = Profile()
+    profile.add(sample(["work"], process=None))
+    assert list(folded_lines(profile)) == ["cr3:0x5000;work 1"]
 
 
 def test_unknown_frames_are_addresses_and_separators_are_neutralized() -> None:
     profile = Profile()
-    profile.add(sample([None, "evil;name\nx"]))
-    assert list(folded_lines(profile)) == ["evil:name x;0x1000 1"]
+    profile.add(sample([None, "evil;name\nx"], process=Process(7, "a;b")))
+    assert list(folded_lines(profile)) == [f"a:b (7);evil:name x;{KERNEL:#x} 1"]
 
 
 def test_idle_is_counted_but_not_stacked_unless_asked() -> None:
@@ -40,3 +73,20 @@ def test_idle_is_counted_but_not_stacked_unless_asked() -> None:
     with_idle = Profile(include_idle=True)
     with_idle.add(sample(["hlt_loop"], Mode.IDLE))
     assert with_idle.stacked == 1
+
+
+def test_scopes_split_a_syscall_sample() -> None:
+    syscall = sample(
+        ["checksum_leaf", "sys_checksum", "crunch_checksum", "_start"], kernel_frames=2
+    )
+    in_user = sample(["hash_leaf", "_start"], mode=Mode.USER)
+    kernel_only, user_only = Profile(scope=Scope.KERNEL), Profile(scope=Scope.USER)
+    for profile in (kernel_only, user_only):
+        profile.add(syscall)
+        profile.add(in_user)
+    assert list(folded_lines(kernel_only)) == ["crunch (1);sys_checksum;checksum_leaf 1"]
+    assert kernel_only.filtered == 1
+    assert sorted(folded_lines(user_only)) == [
+        "crunch (1);_start;crunch_checksum 1",
+        "crunch (1);_start;hash_leaf 1",
+    ]

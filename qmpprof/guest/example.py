@@ -1,0 +1,43 @@
+"""The bundled example guest: `struct process *cpu_current[NCPU]`, fields from DWARF."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from qmpprof.guest.dwarf_types import read_layout
+from qmpprof.memory import MemoryReader
+from qmpprof.model import KERNEL_ONLY, Process, RegisterSet
+
+NAME_LIMIT = 64
+
+
+class ExampleGuestAdapter:
+    """Reads cpu_current[vcpu]->pid and ->name; NULL means the CPU runs no process."""
+
+    name = "example-guest"
+
+    def __init__(self, cpu_current: int, pid_offset: int, name_offset: int, name_size: int):
+        self.cpu_current = cpu_current
+        self.pid_offset = pid_offset
+        self.name_offset = name_offset
+        self.name_size = min(name_size, NAME_LIMIT)
+
+    @classmethod
+    def from_kernel(cls, kernel: Path) -> ExampleGuestAdapter | None:
+        """The adapter, if the kernel ELF declares cpu_current and struct process."""
+        layout = read_layout(kernel, {"cpu_current"}, {"process"})
+        members = layout.structs.get("process", {})
+        address = layout.variables.get("cpu_current")
+        if address is None or "pid" not in members or "name" not in members:
+            return None
+        name_size = members["name"].size or 16
+        return cls(address, members["pid"].offset, members["name"].offset, name_size)
+
+    def process(self, registers: RegisterSet, memory: MemoryReader) -> Process | None:
+        pointer = memory.read_u64(self.cpu_current + 8 * registers.vcpu)
+        if pointer == 0:
+            return KERNEL_ONLY
+        pid = int.from_bytes(memory.read(pointer + self.pid_offset, 4), "little", signed=True)
+        raw = memory.read(pointer + self.name_offset, self.name_size)
+        name = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+        return Process(pid, name or "?")
