@@ -15,7 +15,14 @@ import stat
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from qemu.qmp import ConnectError, ExecInterruptedError, ExecuteError, QMPClient, QMPError
+from qemu.qmp import (
+    ConnectError,
+    EventListener,
+    ExecInterruptedError,
+    ExecuteError,
+    QMPClient,
+    QMPError,
+)
 
 from qmpprof.errors import CommandFailed, ConnectionFailed, TargetGone
 
@@ -33,6 +40,11 @@ class QmpSession:
     def __init__(self, client: QMPClient, path: str) -> None:
         self._client = client
         self.path = path
+        # The run state follows QEMU's STOP/RESUME events (GDB's stops included), so
+        # a tick need not ask `query-status` before pausing.
+        self._runstate_events = EventListener(("STOP", "RESUME"))
+        client.register_listener(self._runstate_events)
+        self._running: bool | None = None
 
     @classmethod
     async def connect(cls, path: str, timeout: float = CONNECT_TIMEOUT_S) -> QmpSession:
@@ -57,9 +69,8 @@ class QmpSession:
     async def execute(self, command: str, arguments: Mapping[str, object] | None = None) -> Any:
         """Run one QMP command and return its `return` value."""
         try:
-            return await asyncio.wait_for(
-                self._client.execute(command, arguments), COMMAND_TIMEOUT_S
-            )
+            async with asyncio.timeout(COMMAND_TIMEOUT_S):
+                return await self._client.execute(command, arguments)
         except ExecuteError as err:
             raise CommandFailed(command, err.error.error.desc) from err
         except TimeoutError as err:
@@ -76,9 +87,16 @@ class QmpSession:
         return str(result)
 
     async def is_running(self) -> bool:
-        """Whether the guest is running (not paused by us, GDB, or anyone else)."""
-        status = await self.execute("query-status")
-        return bool(status["running"])
+        """Whether the guest is running (not paused by us, GDB, or anyone else).
+
+        Asks QEMU once, then follows its STOP and RESUME events."""
+        if self._running is None:
+            self._runstate_events.clear()
+            status = await self.execute("query-status")
+            self._running = bool(status["running"])
+        for event in self._runstate_events.clear():
+            self._running = event["event"] == "RESUME"
+        return self._running
 
     async def stop(self) -> None:
         await self.execute("stop")

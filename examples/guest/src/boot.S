@@ -118,7 +118,7 @@ kernel_entry:
 
 /* ------------------------------------------------------------------ */
     .data
-    .globl boot_multiboot_magic, boot_multiboot_info
+    .globl boot_multiboot_magic, boot_multiboot_info, gdt_ptr64
     .balign 4
 boot_multiboot_magic:   .long 0
 boot_multiboot_info:    .long 0
@@ -152,6 +152,7 @@ kernel_pml4:
     .quad PHYS(boot_pdpt_low) + 0x3
     .fill 510, 8, 0
     .quad PHYS(kernel_pdpt_high) + 0x3
+    .globl boot_pdpt_low, kernel_pdpt_high
 boot_pdpt_low:
     .quad PHYS(kernel_pd) + 0x3
     .fill 511, 8, 0

@@ -24,13 +24,27 @@ static inline uint8_t inb(uint16_t port)
     __asm__ volatile("inb %1, %0" : "=a"(v) : "Nd"(port));
     return v;
 }
+static inline void outw(uint16_t port, uint16_t val)
+{
+    __asm__ volatile("outw %0, %1" : : "a"(val), "Nd"(port));
+}
 static inline void io_wait(void) { outb(0x80, 0); }
 static inline void cpu_sti(void) { __asm__ volatile("sti" ::: "memory"); }
 static inline void cpu_cli(void) { __asm__ volatile("cli" ::: "memory"); }
 
+static inline uint64_t rdtsc(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
+    return ((uint64_t)hi << 32) | lo;
+}
+
 /* ---- boot.S ---- */
 extern uint32_t boot_multiboot_magic;
 extern uint32_t boot_multiboot_info;
+extern uint64_t kernel_pml4[512];    /* page tables (physical = virtual - KERNEL_VMA) */
+extern uint64_t kernel_pdpt_high[512];
+extern uint64_t boot_pdpt_low[512];
 void kernel_entry(void);             /* 64-bit stub that calls kernel_main */
 
 /* ---- per-CPU data (percpu.c) ---- */
@@ -52,6 +66,7 @@ struct exception_frame {
 void idt_init(void);
 void pic_init(void);
 void pit_init(uint32_t hz);
+void idt_load(void);
 void exception_handler(struct exception_frame *f);
 void timer_interrupt_handler(void);
 extern volatile uint64_t timer_ticks;
@@ -66,5 +81,10 @@ void *memset(void *d, int c, size_t n);
 void *memcpy(void *d, const void *s, size_t n);
 
 void kernel_main(void);
+
+/* ---- boot command line (main.c) ---- */
+enum workload_kind { WORKLOAD_KERNEL = 0, WORKLOAD_USER = 1 };
+extern enum workload_kind boot_workload;
+extern char boot_cmdline[256];
 
 #endif
