@@ -209,3 +209,15 @@ class Sample:
         if self.process is not None:
             return self.process.label()
         return f"cr3:{self.address_space:#x}"
+
+
+@dataclass(frozen=True)
+class Recording:
+    """What a profile was recorded from and how: titles, periods and file headers."""
+
+    started: float
+    duration_s: float
+    period_s: float
+    qmp_socket: str = ""
+    kernel: str | None = None
+    command_line: str = ""

@@ -19,6 +19,24 @@ class Scope(Enum):
     USER = "user"
 
 
+def frames_in_scope(sample: Sample, scope: Scope) -> tuple[Frame, ...]:
+    """The frames of `sample` (leaf first) that `scope` keeps; () drops the sample."""
+    if scope is Scope.KERNEL:
+        if sample.mode is Mode.USER:
+            return ()
+        return tuple(f for f in sample.frames if f.is_kernel)
+    if scope is Scope.USER:
+        return tuple(f for f in sample.frames if not f.is_kernel)
+    return sample.frames
+
+
+def counted(sample: Sample, scope: Scope, include_idle: bool) -> tuple[Frame, ...]:
+    """The frames a profile counts for `sample` (leaf first); () when it is not counted."""
+    if sample.mode is Mode.IDLE and not include_idle:
+        return ()
+    return frames_in_scope(sample, scope)
+
+
 @dataclass(frozen=True)
 class StackCount:
     """One distinct stack (root first) and how many samples had it."""
@@ -49,22 +67,13 @@ class Profile:
             self.unsymbolized[sample.unsymbolized] += 1
         if sample.mode is Mode.IDLE and not self.include_idle:
             return
-        frames = self._in_scope(sample)
+        frames = frames_in_scope(sample, self.scope)
         if not frames:
             self.filtered += 1
             return
         label = sample.label()
         self.processes[label] += 1
         self.stacks[(label, *(frame.label() for frame in reversed(frames)))] += 1
-
-    def _in_scope(self, sample: Sample) -> tuple[Frame, ...]:
-        if self.scope is Scope.KERNEL:
-            if sample.mode is Mode.USER:
-                return ()
-            return tuple(f for f in sample.frames if f.is_kernel)
-        if self.scope is Scope.USER:
-            return tuple(f for f in sample.frames if not f.is_kernel)
-        return sample.frames
 
     @property
     def total(self) -> int:
