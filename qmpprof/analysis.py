@@ -114,7 +114,10 @@ class Analyzer:
 
     def analyze(self, raw: RawSample) -> Sample:
         """Unwind, symbolize and label one vCPU's capture."""
-        stack = self.unwind(raw)
+        return self.symbolize(raw, self.unwind(raw), self.process(raw))
+
+    def symbolize(self, raw: RawSample, stack: UnwoundStack, process: Process | None) -> Sample:
+        """The Sample for an unwound stack of `raw` (a replay passes the recorded stack)."""
         frames = tuple(self.space(raw).symbolizer.symbolize(f) for f in stack.frames)
         mode = mode_of(raw.registers)
         return Sample(
@@ -124,7 +127,7 @@ class Analyzer:
             frames=frames,
             stop=stack.stop,
             address_space=raw.address_space,
-            process=self.process(raw),
+            process=process,
             fault_address=stack.fault_address,
             unsymbolized=self._why_unsymbolized(raw, mode, frames[0].function),
         )

@@ -17,36 +17,39 @@ from qmpprof import __version__
 from qmpprof.commands.common import TargetOptions
 from qmpprof.commands.dump import DumpOptions, run_dump
 from qmpprof.commands.record import RecordOptions, run_record
+from qmpprof.commands.report import ReportOptions, run_report
+from qmpprof.commands.top import TopOptions, run_top
 from qmpprof.errors import QmpprofError
+from qmpprof.output.writers import Format, infer_format
 from qmpprof.profile import Scope
 from qmpprof.unwind.unwinder import Strategy
 
-COMMANDS = ("record", "dump")
+COMMANDS = ("record", "dump", "report", "top")
 EXIT_ERROR = 1
-EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run qmpprof; returns the exit status (0 ok, 1 error, 2 bad usage)."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(_with_default_command(arguments))
-    err = Console(stderr=True, highlight=False)
+    out, err = Console(highlight=False), Console(stderr=True, highlight=False)
     try:
-        if args.command == "dump" or args.one_shot:
-            asyncio.run(run_dump(_dump_options(args), Console(highlight=False)))
+        if args.command == "dump" or getattr(args, "one_shot", False):
+            asyncio.run(run_dump(_dump_options(args), out))
+        elif args.command == "report":
+            run_report(_report_options(args), out)
+        elif args.command == "top":
+            asyncio.run(run_top(_top_options(args), out))
         else:
-            asyncio.run(run_record(_record_options(args), Console(highlight=False), err))
+            asyncio.run(run_record(_record_options(args), out, err))
     except QmpprofError as error:
-        print(f"qmpprof: error: {_one_line(str(error))}", file=sys.stderr)
+        print(f"qmpprof: error: {' '.join(str(error).split())}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print("qmpprof: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     return 0
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 def _with_default_command(argv: list[str]) -> list[str]:
@@ -64,52 +67,62 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"qmpprof {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     record = commands.add_parser("record", help="sample for a while and write a profile (default)")
-    _add_target_arguments(record)
-    _add_record_arguments(record)
     dump = commands.add_parser("dump", help="print the current stack of every vCPU once")
-    _add_target_arguments(dump)
+    report = commands.add_parser("report", help="write any output format from a .qmpcap capture")
+    report.add_argument("capture", type=Path, metavar="CAPTURE", help="a .qmpcap file")
+    top = commands.add_parser("top", help="a live view of the hottest functions and processes")
+    for command in (record, dump, top):
+        _add_target_arguments(command)
+    for command in (record, dump, report, top):
+        _add_binary_arguments(command)
+    for command in (record, report):
+        _add_output_arguments(command)
+    _add_record_arguments(record)
     _add_dump_arguments(dump)
+    _add_top_arguments(top)
+    report.add_argument(
+        "--reunwind",
+        action="store_true",
+        help="unwind again from the captured memory (needs --capture-memory)",
+    )
     return parser
 
 
 def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    add = parser.add_argument
+    add(
         "--qmp-socket",
         default="./qmp-socket",
         metavar="PATH",
         help="QEMU's QMP unix socket (-qmp unix:PATH,server=on,wait=off)",
     )
-    parser.add_argument(
-        "--kernel", type=Path, metavar="ELF", help="the guest kernel's ELF file with symbols"
-    )
-    parser.add_argument(
+    add(
         "--memory",
         choices=("auto", "hmp", "memsave"),
         default="auto",
         help="how to read guest memory (default: memsave if QEMU is local)",
     )
-    parser.add_argument(
+    add(
         "--stack-bytes",
         type=_positive_int,
         default=16 * 1024,
         metavar="N",
         help="bytes of stack to read above RSP per vCPU (default 16384)",
     )
-    parser.add_argument(
-        "--max-depth",
-        type=_positive_int,
-        default=128,
-        metavar="N",
-        help="most frames per stack (default 128)",
+    add(
+        "--cpus",
+        type=_cpu_list,
+        default=(),
+        metavar="LIST",
+        help="only these vCPUs, e.g. 0,2 (default all)",
     )
-    parser.add_argument(
-        "--unwind",
-        choices=[s.value for s in Strategy],
-        default="auto",
-        help="auto: DWARF CFI, frame pointers where no CFI covers a frame (default); "
-        "cfi: CFI only; fp: frame pointers only",
-    )
-    parser.add_argument(
+    add("--one-shot", action="store_true", help="same as the dump command")
+
+
+def _add_binary_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--kernel", type=Path, metavar="ELF", help="the guest kernel's ELF file with symbols")
+    add(
         "--user-dir",
         type=Path,
         action="append",
@@ -117,7 +130,7 @@ def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="user binaries with symbols, named after their process (DIR/NAME.elf); repeatable",
     )
-    parser.add_argument(
+    add(
         "--user",
         type=Path,
         action="append",
@@ -125,48 +138,39 @@ def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ELF",
         help="one user binary with symbols; repeatable",
     )
-    parser.add_argument(
-        "--cpus",
-        type=_cpu_list,
-        default=(),
-        metavar="LIST",
-        help="only these vCPUs, e.g. 0,2 (default all)",
+    add(
+        "--unwind",
+        choices=[s.value for s in Strategy],
+        default="auto",
+        help="auto: DWARF CFI, frame pointers where no CFI covers a frame (default); "
+        "cfi: CFI only; fp: frame pointers only",
     )
-    parser.add_argument("--one-shot", action="store_true", help="same as the dump command")
+    add(
+        "--max-depth",
+        type=_positive_int,
+        default=128,
+        metavar="N",
+        help="most frames per stack (default 128)",
+    )
 
 
-def _add_record_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--duration",
-        type=_positive_float,
-        default=10.0,
-        metavar="S",
-        help="seconds to record (default 10); Ctrl-C stops early",
-    )
-    timing = parser.add_mutually_exclusive_group()
-    timing.add_argument(
-        "--rate",
-        type=_positive_float,
-        metavar="HZ",
-        help="samples per second (default 99, jittered)",
-    )
-    timing.add_argument(
-        "--interval",
-        type=_positive_float,
-        metavar="MS",
-        help="milliseconds between samples (instead of --rate)",
-    )
-    parser.add_argument(
+def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add(
         "-o",
         "--output",
         type=Path,
-        default=Path("profile.folded"),
+        action="append",
         metavar="FILE",
-        help="where to write folded stacks (default profile.folded)",
+        help="output file (default profile.folded); its extension picks the format; "
+        "repeat for several formats from one recording",
     )
-    parser.add_argument(
-        "--idle", action="store_true", help="include idle (halted) samples in stacks"
+    add(
+        "--format",
+        choices=[f.value for f in Format],
+        help="folded, speedscope, svg, pprof or qmpcap (default: from the -o extension)",
     )
+    add("--idle", action="store_true", help="include idle (halted) samples in stacks")
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
         "--kernel-only",
@@ -180,11 +184,56 @@ def _add_record_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_const",
         dest="scope",
         const=Scope.USER,
-        help="only user frames (a sample in a syscall counts at its user call site)",
+        help="only user frames (a sample in a syscall counts at its call site)",
     )
     parser.set_defaults(scope=Scope.ALL)
-    parser.add_argument("--verbose", action="store_true", help="say more about the setup")
-    parser.set_defaults(json=False, show_addresses=False)
+
+
+def _add_record_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add(
+        "--duration",
+        type=_positive_float,
+        default=10.0,
+        metavar="S",
+        help="seconds to record (default 10); Ctrl-C stops early",
+    )
+    _add_rate_arguments(parser)
+    add(
+        "--capture-memory",
+        action="store_true",
+        help="with a .qmpcap output, also keep the memory read for each sample",
+    )
+    add("--verbose", action="store_true", help="say more about the setup")
+
+
+def _add_rate_arguments(parser: argparse.ArgumentParser) -> None:
+    timing = parser.add_mutually_exclusive_group()
+    timing.add_argument(
+        "--rate",
+        type=_positive_float,
+        metavar="HZ",
+        help="samples per second (default 99, jittered)",
+    )
+    timing.add_argument(
+        "--interval",
+        type=_positive_float,
+        metavar="MS",
+        help="milliseconds between samples (instead of --rate)",
+    )
+
+
+def _add_top_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_rate_arguments(parser)
+    parser.add_argument("--process", metavar="NAME", help="only samples of processes called NAME")
+    parser.add_argument("--idle", action="store_true", help="show idle samples from the start")
+    parser.add_argument(
+        "--refresh",
+        type=_positive_float,
+        default=1.0,
+        metavar="S",
+        help="seconds between redraws (default 1)",
+    )
 
 
 def _add_dump_arguments(parser: argparse.ArgumentParser) -> None:
@@ -194,28 +243,59 @@ def _add_dump_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _target_options(args: argparse.Namespace) -> TargetOptions:
     return TargetOptions(
-        qmp_socket=args.qmp_socket,
+        qmp_socket=getattr(args, "qmp_socket", ""),
         kernel=args.kernel,
-        memory=args.memory,
-        stack_bytes=args.stack_bytes,
-        max_depth=args.max_depth,
-        unwind=Strategy(args.unwind),
         user_dirs=tuple(args.user_dir),
         user_files=tuple(args.user),
-        cpus=args.cpus,
+        memory=getattr(args, "memory", "auto"),
+        stack_bytes=getattr(args, "stack_bytes", 16 * 1024),
+        max_depth=args.max_depth,
+        unwind=Strategy(args.unwind),
+        cpus=getattr(args, "cpus", ()),
     )
 
 
 def _record_options(args: argparse.Namespace) -> RecordOptions:
-    period = args.interval / 1000 if args.interval is not None else 1 / (args.rate or 99.0)
+    period = _period(args)
     return RecordOptions(
         target=_target_options(args),
-        output=args.output,
+        outputs=_outputs(args),
         duration_s=args.duration,
         period_s=period,
         include_idle=args.idle,
         scope=args.scope,
+        capture_memory=args.capture_memory,
         verbose=args.verbose,
+    )
+
+
+def _report_options(args: argparse.Namespace) -> ReportOptions:
+    return ReportOptions(
+        capture=args.capture,
+        target=_target_options(args),
+        outputs=_outputs(args),
+        include_idle=args.idle,
+        scope=args.scope,
+        reunwind=args.reunwind,
+    )
+
+
+def _outputs(args: argparse.Namespace) -> tuple[tuple[Path, Format], ...]:
+    paths = args.output or [Path("profile.folded")]
+    return tuple((path, infer_format(path, args.format)) for path in paths)
+
+
+def _period(args: argparse.Namespace) -> float:
+    return args.interval / 1000 if args.interval is not None else 1 / (args.rate or 99.0)
+
+
+def _top_options(args: argparse.Namespace) -> TopOptions:
+    return TopOptions(
+        target=_target_options(args),
+        period_s=_period(args),
+        refresh_s=args.refresh,
+        process=args.process,
+        include_idle=args.idle,
     )
 
 

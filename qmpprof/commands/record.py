@@ -4,52 +4,37 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 
-from qmpprof.analysis import Analyzer
+from qmpprof.commands.collect import Collector
 from qmpprof.commands.common import TargetOptions, build_analyzer, connected
 from qmpprof.errors import KernelMismatch
-from qmpprof.model import RawSample
-from qmpprof.output.folded import write_folded
+from qmpprof.model import RawSample, Recording
 from qmpprof.output.progress import RecordProgress
 from qmpprof.output.summary import render_summary
+from qmpprof.output.writers import Format
 from qmpprof.profile import Profile, Scope
+from qmpprof.record.capfile import CaptureWriter
 from qmpprof.record.sampler import LoopConfig, RecordStats, sample_loop
-from qmpprof.symbols.coverage import KernelCoverage
 
 
 @dataclass(frozen=True)
 class RecordOptions:
     target: TargetOptions
-    output: Path
+    outputs: tuple[tuple[Path, Format], ...] = ((Path("profile.folded"), Format.FOLDED),)
     duration_s: float | None = 10.0
     period_s: float = 1 / 99
     include_idle: bool = False
     scope: Scope = Scope.ALL
+    capture_memory: bool = False
     verbose: bool = False
-
-
-class _Collector:
-    """Turns each tick's raw samples into the profile; notices a wrong kernel early."""
-
-    def __init__(self, analyzer: Analyzer, profile: Profile, stop: asyncio.Event) -> None:
-        self.analyzer = analyzer
-        self.profile = profile
-        self.coverage = KernelCoverage()
-        self._stop = stop
-
-    def __call__(self, raws: list[RawSample]) -> None:
-        for raw in raws:
-            sample = self.analyzer.analyze(raw)
-            self.profile.add(sample)
-            self.coverage.add(sample)
-        if self.coverage.mismatched:
-            self._stop.set()
 
 
 async def run_record(options: RecordOptions, out: Console, err: Console) -> None:
@@ -59,39 +44,81 @@ async def run_record(options: RecordOptions, out: Console, err: Console) -> None
     """
     analyzer = build_analyzer(options.target)
     stop = asyncio.Event()
-    profile = Profile(include_idle=options.include_idle, scope=options.scope)
-    collector = _Collector(analyzer, profile, stop)
-    loop_config = LoopConfig(period_s=options.period_s, duration_s=options.duration_s)
-    async with connected(options.target, analyzer) as (session, memory, capturer):
-        if not analyzer.has_symbols:
-            err.print(
-                "warning: no kernel symbols (--kernel): frames will be raw addresses",
-                soft_wrap=True,
-            )
-        if options.verbose:
-            err.print(
-                f"memory backend: {memory.name}; OS adapter: {analyzer.adapter.name}; "
-                f"user binaries: {', '.join(sorted(analyzer.users)) or 'none'}"
-            )
-        err.print(_start_line(options), soft_wrap=True, markup=False)
-        with _stop_on_signals(stop), RecordProgress(err, options.duration_s) as progress:
-            stats = await sample_loop(
-                session, capturer, loop_config, stop, collector, progress.update
-            )
+    recording = _recording(options, time.time(), 0.0)
+    with ExitStack() as files:
+        captures = [
+            files.enter_context(CaptureWriter(path, recording, options.capture_memory))
+            for path, fmt in options.outputs
+            if fmt is Format.QMPCAP
+        ]
+        collector = Collector(analyzer, Profile(options.include_idle, options.scope), captures)
+        stats = await _record(options, collector, stop, err)
     if stop.is_set() and not collector.coverage.mismatched:
         stats.ended_by = "interrupted"
-    _finish(options, collector, stats, out, err)
+    _finish(options, collector, stats, _recording(options, recording.started, stats.elapsed_s), out)
+
+
+async def _record(
+    options: RecordOptions,
+    collector: Collector,
+    stop: asyncio.Event,
+    err: Console,
+) -> RecordStats:
+    def on_samples(raws: list[RawSample]) -> None:
+        collector.add_raw(raws)
+        if collector.coverage.mismatched:
+            stop.set()
+
+    loop_config = LoopConfig(period_s=options.period_s, duration_s=options.duration_s)
+    async with connected(options.target, collector.analyzer) as (session, memory, capturer):
+        _announce(options, collector, memory.name, err)
+        with stop_on_signals(stop), RecordProgress(err, options.duration_s) as progress:
+            return await sample_loop(
+                session, capturer, loop_config, stop, on_samples, progress.update
+            )
+
+
+def _announce(options: RecordOptions, collector: Collector, memory: str, err: Console) -> None:
+    analyzer = collector.analyzer
+    if not analyzer.has_symbols:
+        err.print(
+            "warning: no kernel symbols (--kernel): frames will be raw addresses", soft_wrap=True
+        )
+    if options.verbose:
+        users = ", ".join(sorted(analyzer.users)) or "none"
+        err.print(
+            f"memory backend: {memory}; OS adapter: {analyzer.adapter.name}; "
+            f"user binaries: {users}",
+            soft_wrap=True,
+            markup=False,
+        )
+    err.print(_start_line(options), soft_wrap=True, markup=False)
 
 
 def _finish(
-    options: RecordOptions, collector: _Collector, stats: RecordStats, out: Console, err: Console
+    options: RecordOptions,
+    collector: Collector,
+    stats: RecordStats,
+    recording: Recording,
+    out: Console,
 ) -> None:
-    write_folded(collector.profile, options.output)
+    for path, fmt in options.outputs:
+        collector.write(fmt, recording, path, out)
     render_summary(collector.profile, stats, out)
-    written = f"wrote {len(collector.profile.stacks)} distinct stacks to {options.output}"
-    out.print(written, soft_wrap=True, markup=False)
     if collector.coverage.mismatched and options.target.kernel is not None:
         raise KernelMismatch(collector.coverage.describe(str(options.target.kernel)))
+
+
+def _recording(options: RecordOptions, started: float, elapsed: float) -> Recording:
+    kernel = options.target.kernel
+    return Recording(
+        started=started,
+        duration_s=elapsed,
+        period_s=options.period_s,
+        qmp_socket=options.target.qmp_socket,
+        kernel=str(kernel.resolve()) if kernel is not None else None,
+        command_line=" ".join(["qmpprof", *sys.argv[1:]]),
+    )
 
 
 def _start_line(options: RecordOptions) -> str:
@@ -103,7 +130,7 @@ def _start_line(options: RecordOptions) -> str:
 
 
 @contextmanager
-def _stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
+def stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
     """Ctrl-C and SIGTERM end the recording at the next tick boundary, never mid-tick."""
     loop = asyncio.get_running_loop()
     signals = (signal.SIGINT, signal.SIGTERM)

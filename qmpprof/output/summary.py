@@ -16,15 +16,20 @@ SHOWN_FRAMES = 8
 def render_summary(profile: Profile, stats: RecordStats, console: Console, limit: int = 10) -> None:
     """Print what was recorded and the `limit` heaviest stacks with percentages."""
     console.print(Text(_counts_line(stats)), soft_wrap=True)
+    if stats.ended_by:
+        console.print(
+            Text(f"recording ended early: {stats.ended_by}"), style="yellow", soft_wrap=True
+        )
+    render_profile(profile, console, limit)
+
+
+def render_profile(profile: Profile, console: Console, limit: int = 10) -> None:
+    """Print the mode and process split, unsymbolized counts and the heaviest stacks."""
     console.print(Text(_modes_line(profile)), soft_wrap=True)
     if len(profile.processes) > 1 or profile.unsymbolized:
         console.print(Text(_processes_line(profile)), soft_wrap=True)
     for reason, count in profile.unsymbolized.most_common():
         console.print(Text(f"unsymbolized user samples: {count} ({reason})"), soft_wrap=True)
-    if stats.ended_by:
-        console.print(
-            Text(f"recording ended early: {stats.ended_by}"), style="yellow", soft_wrap=True
-        )
     if profile.stacked:
         console.print(top_stacks_table(profile, limit))
 

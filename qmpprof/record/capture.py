@@ -22,7 +22,7 @@ DEFAULT_STACK_BYTES = 16 * 1024
 #: Also read this much below RSP: CFI may restore a register from a slot the leaf
 #: has already popped (GCC keeps the save rule until the `ret`), and GDB reads it.
 BELOW_RSP = 128
-MAX_EXTRA_WINDOWS = 4
+MAX_EXTRA_WINDOWS = 3
 
 
 @dataclass(frozen=True)

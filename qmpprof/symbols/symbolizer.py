@@ -14,6 +14,8 @@ class Symbolizer:
     def __init__(self, tables: Sequence[SymbolTable]) -> None:
         self._tables = tuple(tables)
         self._cache: dict[int, tuple[str | None, int, str | None]] = {}
+        # Interned, so the many samples of a recording share their Frame objects.
+        self._frames: dict[FrameAddress, Frame] = {}
 
     @property
     def has_symbols(self) -> bool:
@@ -21,6 +23,12 @@ class Symbolizer:
 
     def symbolize(self, address: FrameAddress) -> Frame:
         """The frame for `address`; function None (and offset 0) when no symbol covers it."""
+        frame = self._frames.get(address)
+        if frame is None:
+            frame = self._frames[address] = self._symbolize(address)
+        return frame
+
+    def _symbolize(self, address: FrameAddress) -> Frame:
         key = address.lookup_address
         found = self._cache.get(key)
         if found is None:

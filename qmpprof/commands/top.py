@@ -1,0 +1,124 @@
+"""`qmpprof top`: a live view of where the guest spends its time, until q or Ctrl-C."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import termios
+import tty
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.live import Live
+
+from qmpprof.commands.common import TargetOptions, build_analyzer, connected
+from qmpprof.commands.record import stop_on_signals
+from qmpprof.model import RawSample
+from qmpprof.output.top import ViewState, plain_snapshot, render
+from qmpprof.record.sampler import LoopConfig, RecordStats, sample_loop
+from qmpprof.top_stats import SortKey, TopStats
+
+
+@dataclass(frozen=True)
+class TopOptions:
+    target: TargetOptions
+    period_s: float = 1 / 99
+    refresh_s: float = 1.0
+    process: str | None = None
+    include_idle: bool = False
+
+
+async def run_top(options: TopOptions, out: Console) -> None:
+    """Sample and redraw about once a second until q, Ctrl-C or QEMU exits."""
+    analyzer = build_analyzer(options.target)
+    stats = TopStats(process_filter=options.process, show_idle=options.include_idle)
+    state = ViewState()
+    stop = asyncio.Event()
+    record = RecordStats()
+
+    def on_samples(raws: list[RawSample]) -> None:
+        stats.add_tick([analyzer.analyze(raw) for raw in raws])
+
+    def on_progress(latest: RecordStats) -> None:
+        nonlocal record
+        record = latest
+
+    config = LoopConfig(period_s=options.period_s, duration_s=None)
+    title = options.target.qmp_socket
+    async with connected(options.target, analyzer) as (session, _, capturer):
+        with stop_on_signals(stop), _keys(out, state, stats, stop):
+            sampler = asyncio.create_task(
+                sample_loop(session, capturer, config, stop, on_samples, on_progress)
+            )
+            await _display(out, options, stats, lambda: record, state, title, stop)
+            await sampler
+
+
+async def _display(
+    out: Console,
+    options: TopOptions,
+    stats: TopStats,
+    latest: Callable[[], RecordStats],
+    state: ViewState,
+    title: str,
+    stop: asyncio.Event,
+) -> None:
+    """Redraw until `stop`: live on a terminal, a plain snapshot per refresh otherwise."""
+    if not out.is_terminal:
+        while not await _wait(stop, options.refresh_s):
+            snapshot = plain_snapshot(stats, latest(), state, title)
+            out.print(snapshot + "\n", markup=False, highlight=False, soft_wrap=True)
+        return
+    with Live(console=out, screen=True, auto_refresh=False) as live:
+        while not await _wait(stop, min(options.refresh_s, 0.2)):
+            if not state.paused:
+                live.update(render(stats, latest(), state, title), refresh=True)
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> bool:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+    return stop.is_set()
+
+
+@contextlib.contextmanager
+def _keys(out: Console, state: ViewState, stats: TopStats, stop: asyncio.Event) -> Iterator[None]:
+    """Single keys from a terminal's stdin, without echo; nothing when stdin is not one."""
+    if not sys.stdin.isatty():
+        yield
+        return
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    tty.setcbreak(fd)
+    loop = asyncio.get_running_loop()
+    loop.add_reader(fd, lambda: _on_key(os.read(fd, 1).decode(errors="ignore"), state, stats, stop))
+    try:
+        yield
+    finally:
+        loop.remove_reader(fd)
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+def _on_key(key: str, state: ViewState, stats: TopStats, stop: asyncio.Event) -> None:
+    sorts = {"o": SortKey.OWN, "t": SortKey.TOTAL, "n": SortKey.NAME}
+    if key in sorts:
+        state.sort = sorts[key]
+    elif key == "k":
+        stats.show_kernel = not stats.show_kernel
+    elif key == "u":
+        stats.show_user = not stats.show_user
+    elif key == "i":
+        stats.show_idle = not stats.show_idle
+    elif key == "p":
+        state.processes = not state.processes
+    elif key == "r":
+        stats.reset()
+    elif key == " ":
+        state.paused = not state.paused
+    elif key in ("h", "?"):
+        state.help = not state.help
+    elif key in ("q", "Q"):
+        stop.set()

@@ -1,0 +1,130 @@
+"""The live `top` view: a header and a table of the hottest functions or processes.
+
+The only module that draws with rich's live display; guest strings always go in as
+Text, never as markup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from qmpprof.model import Mode
+from qmpprof.record.sampler import RecordStats
+from qmpprof.top_stats import Row, SortKey, TopStats
+
+KEYS_HELP = "o/t/n sort · k kernel · u user · i idle · p processes · r reset · space pause · q quit"
+HELP_TEXT = """Keys
+  o  sort by own samples (the function itself is running)
+  t  sort by total samples (the function is anywhere on the stack)
+  n  sort by name
+  k  show/hide samples taken in the kernel
+  u  show/hide samples taken in user space
+  i  show/hide idle (halted) samples
+  p  switch between functions and processes
+  r  reset the counts
+  space  pause/resume the display (sampling goes on)
+  q  quit (the VM keeps running)
+  h  show/hide this help"""
+
+
+@dataclass
+class ViewState:
+    """What the user chose with the keys."""
+
+    sort: SortKey = SortKey.OWN
+    processes: bool = False
+    paused: bool = False
+    help: bool = False
+    quit: bool = False
+    rows: int = 15
+    frozen: RenderableType | None = field(default=None, repr=False)
+
+
+def render(stats: TopStats, record: RecordStats, state: ViewState, title: str) -> RenderableType:
+    """The whole screen for one refresh."""
+    if state.help:
+        return Text(HELP_TEXT)
+    parts: list[RenderableType] = [
+        Text(_header(record, title)),
+        Text(_modes(stats)),
+        Text(_vcpus(stats)),
+        _table(stats, state),
+        Text(KEYS_HELP + ("  [display paused]" if state.paused else ""), style="dim"),
+    ]
+    return Group(*parts)
+
+
+def plain_snapshot(stats: TopStats, record: RecordStats, state: ViewState, title: str) -> str:
+    """The same information as text lines, for a stdout that is not a terminal."""
+    lines = [_header(record, title), _modes(stats), _vcpus(stats)]
+    lines.append(f"{'%Own':>6} {'%Total':>7} {'Own':>6} {'Total':>6}  Function (module)")
+    for row in _rows(stats, state):
+        lines.append(_row_cells(stats, row, plain=True))
+    return "\n".join(lines)
+
+
+def _header(record: RecordStats, title: str) -> str:
+    paused = 100 * record.paused_s / record.elapsed_s if record.elapsed_s else 0.0
+    return (
+        f"qmpprof top — {title}  {record.rate_hz:.1f} samples/s  late {record.late}  "
+        f"failed {record.failed}  VM paused {paused:.1f}%"
+    )
+
+
+def _modes(stats: TopStats) -> str:
+    total = sum(stats.modes.values()) or 1
+    shown = " ".join(f"{m.value} {100 * stats.modes[m] / total:.1f}%" for m in Mode)
+    hidden = [
+        m
+        for m, on in (
+            ("kernel", stats.show_kernel),
+            ("user", stats.show_user),
+            ("idle", stats.show_idle),
+        )
+        if not on
+    ]
+    return shown + (f"  (hidden: {', '.join(hidden)})" if hidden else "")
+
+
+def _vcpus(stats: TopStats) -> str:
+    ticks = stats.ticks or 1
+    cpus = " ".join(f"vCPU{n} {100 * c / ticks:.0f}%" for n, c in sorted(stats.vcpus.items()))
+    top = ", ".join(
+        f"{label} {stats.percent(c):.0f}%" for label, c in stats.processes.most_common(3)
+    )
+    return f"{cpus}  processes: {top or '-'}"
+
+
+def _rows(stats: TopStats, state: ViewState) -> list[Row]:
+    if state.processes:
+        return stats.process_rows(state.sort, state.rows)
+    return stats.function_rows(state.sort, state.rows)
+
+
+def _table(stats: TopStats, state: ViewState) -> Table:
+    table = Table(box=None, expand=True, show_edge=False, pad_edge=False)
+    for name in ("%Own", "%Total", "Own", "Total"):
+        table.add_column(name, justify="right", no_wrap=True)
+    label = "Process" if state.processes else "Function (module)"
+    table.add_column(label, overflow="ellipsis", no_wrap=True, ratio=1)
+    for row in _rows(stats, state):
+        name = row.name if state.processes else f"{row.name} ({row.module})"
+        table.add_row(
+            f"{stats.percent(row.own):.1f}",
+            f"{stats.percent(row.total):.1f}",
+            str(row.own),
+            str(row.total),
+            Text(name),
+        )
+    return table
+
+
+def _row_cells(stats: TopStats, row: Row, plain: bool) -> str:
+    return (
+        f"{stats.percent(row.own):6.1f} {stats.percent(row.total):7.1f} {row.own:6d} "
+        f"{row.total:6d}  {row.name}" + (f" ({row.module})" if row.module else "")
+    )
