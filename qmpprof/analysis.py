@@ -25,6 +25,7 @@ from qmpprof.model import (
 )
 from qmpprof.modules import Module
 from qmpprof.symbols.symbolizer import Symbolizer
+from qmpprof.unwind.callsite import follows_call
 from qmpprof.unwind.framepointer import DEFAULT_MAX_DEPTH
 from qmpprof.unwind.rules import UnwindRow
 from qmpprof.unwind.unwinder import Strategy, dwarf_registers, unwind
@@ -118,7 +119,8 @@ class Analyzer:
 
     def symbolize(self, raw: RawSample, stack: UnwoundStack, process: Process | None) -> Sample:
         """The Sample for an unwound stack of `raw` (a replay passes the recorded stack)."""
-        frames = tuple(self.space(raw).symbolizer.symbolize(f) for f in stack.frames)
+        space = self.space(raw)
+        frames = tuple(space.symbolizer.symbolize(f) for f in stack.frames)
         mode = mode_of(raw.registers)
         return Sample(
             time=raw.time,
@@ -130,6 +132,10 @@ class Analyzer:
             process=process,
             fault_address=stack.fault_address,
             unsymbolized=self._why_unsymbolized(raw, mode, frames[0].function),
+            torn=any(
+                f.kind is FrameKind.RETURN and follows_call(space, f.address) is False
+                for f in stack.frames
+            ),
         )
 
     def _why_unsymbolized(self, raw: RawSample, mode: Mode, leaf: str | None) -> str | None:

@@ -199,6 +199,7 @@ def _add_record_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds to record (default 10); Ctrl-C stops early",
     )
     _add_rate_arguments(parser)
+    _add_nonblocking_argument(parser)
     add(
         "--capture-memory",
         action="store_true",
@@ -223,8 +224,17 @@ def _add_rate_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_nonblocking_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--nonblocking",
+        action="store_true",
+        help="never pause the VM: read registers and memory while it runs (stacks may tear)",
+    )
+
+
 def _add_top_arguments(parser: argparse.ArgumentParser) -> None:
     _add_rate_arguments(parser)
+    _add_nonblocking_argument(parser)
     parser.add_argument("--process", metavar="NAME", help="only samples of processes called NAME")
     parser.add_argument("--idle", action="store_true", help="show idle samples from the start")
     parser.add_argument(
@@ -265,6 +275,7 @@ def _record_options(args: argparse.Namespace) -> RecordOptions:
         include_idle=args.idle,
         scope=args.scope,
         capture_memory=args.capture_memory,
+        nonblocking=args.nonblocking,
         verbose=args.verbose,
     )
 
@@ -296,6 +307,7 @@ def _top_options(args: argparse.Namespace) -> TopOptions:
         refresh_s=args.refresh,
         process=args.process,
         include_idle=args.idle,
+        nonblocking=args.nonblocking,
     )
 
 

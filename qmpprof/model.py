@@ -203,6 +203,8 @@ class Sample:
     process: Process | None = None
     fault_address: int | None = None
     unsymbolized: str | None = None
+    #: A return address on this stack does not follow a call: torn or garbage.
+    torn: bool = False
 
     def label(self) -> str:
         """The root frame of this sample's stack: its process, else its address space."""

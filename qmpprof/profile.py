@@ -60,9 +60,11 @@ class Profile:
     processes: Counter[str] = field(default_factory=Counter)
     unsymbolized: Counter[str] = field(default_factory=Counter)
     filtered: int = 0
+    torn: int = 0
 
     def add(self, sample: Sample) -> None:
         self.modes[sample.mode] += 1
+        self.torn += sample.torn
         if sample.unsymbolized is not None:
             self.unsymbolized[sample.unsymbolized] += 1
         if sample.mode is Mode.IDLE and not self.include_idle:

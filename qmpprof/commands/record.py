@@ -34,6 +34,7 @@ class RecordOptions:
     include_idle: bool = False
     scope: Scope = Scope.ALL
     capture_memory: bool = False
+    nonblocking: bool = False
     verbose: bool = False
 
 
@@ -69,7 +70,9 @@ async def _record(
         if collector.coverage.mismatched:
             stop.set()
 
-    loop_config = LoopConfig(period_s=options.period_s, duration_s=options.duration_s)
+    loop_config = LoopConfig(
+        period_s=options.period_s, duration_s=options.duration_s, nonblocking=options.nonblocking
+    )
     async with connected(options.target, collector.analyzer) as (session, memory, capturer):
         _announce(options, collector, memory.name, err)
         with stop_on_signals(stop), RecordProgress(err, options.duration_s) as progress:

@@ -29,6 +29,7 @@ class TopOptions:
     refresh_s: float = 1.0
     process: str | None = None
     include_idle: bool = False
+    nonblocking: bool = False
 
 
 async def run_top(options: TopOptions, out: Console) -> None:
@@ -46,7 +47,7 @@ async def run_top(options: TopOptions, out: Console) -> None:
         nonlocal record
         record = latest
 
-    config = LoopConfig(period_s=options.period_s, duration_s=None)
+    config = LoopConfig(period_s=options.period_s, duration_s=None, nonblocking=options.nonblocking)
     title = options.target.qmp_socket
     async with connected(options.target, analyzer) as (session, _, capturer):
         with stop_on_signals(stop), _keys(out, state, stats, stop):

@@ -28,6 +28,14 @@ def render_profile(profile: Profile, console: Console, limit: int = 10) -> None:
     console.print(Text(_modes_line(profile)), soft_wrap=True)
     if len(profile.processes) > 1 or profile.unsymbolized:
         console.print(Text(_processes_line(profile)), soft_wrap=True)
+    if profile.torn:
+        console.print(
+            Text(
+                f"torn stacks: {profile.torn} samples have a return address that "
+                "does not follow a call"
+            ),
+            soft_wrap=True,
+        )
     for reason, count in profile.unsymbolized.most_common():
         console.print(Text(f"unsymbolized user samples: {count} ({reason})"), soft_wrap=True)
     if profile.stacked:

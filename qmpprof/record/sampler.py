@@ -43,6 +43,8 @@ class LoopConfig:
     period_s: float
     duration_s: float | None
     jitter: float = 0.1
+    #: Sample without pausing the VM (registers and memory read while it runs).
+    nonblocking: bool = False
 
 
 SampleSink = Callable[[list[RawSample]], None]
@@ -73,7 +75,7 @@ async def sample_loop(
             break
         stats.requested += slot.missed + 1
         stats.late += schedule.is_late(slot.deadline, time.monotonic())
-        failures = await _one_tick(session, capturer, stats, on_samples, failures)
+        failures = await _one_tick(session, capturer, config, stats, on_samples, failures)
         stats.elapsed_s = time.monotonic() - start
         if on_progress is not None:
             on_progress(stats)
@@ -84,13 +86,17 @@ async def sample_loop(
 async def _one_tick(
     session: QmpSession,
     capturer: Capturer,
+    config: LoopConfig,
     stats: RecordStats,
     on_samples: SampleSink,
     failures: int,
 ) -> int:
     """Take one tick; returns the updated count of consecutive failures."""
     try:
-        samples = await _paused_capture(session, capturer, stats)
+        if config.nonblocking:
+            samples = await _running_capture(session, capturer, stats)
+        else:
+            samples = await _paused_capture(session, capturer, stats)
     except TargetGone:
         stats.ended_by = "QEMU exited"
         return failures
@@ -119,6 +125,16 @@ async def _paused_capture(
         samples = await capturer.capture()
     stats.paused_s += time.monotonic() - held_from
     return samples
+
+
+async def _running_capture(
+    session: QmpSession, capturer: Capturer, stats: RecordStats
+) -> list[RawSample] | None:
+    """The tick's samples taken while the VM runs; None when it is paused (by anyone)."""
+    if not await session.is_running():
+        stats.skipped_paused += 1
+        return None
+    return await capturer.capture()
 
 
 def _past_end(config: LoopConfig, start: float, deadline: float) -> bool:

@@ -1,0 +1,50 @@
+"""Is a return address right after a call? A cheap check against torn or garbage stacks.
+
+x86-64 calls end where the return address points: `e8 rel32` (5 bytes) or `ff /2` with
+a ModRM operand (2 to 7 bytes, maybe after a REX prefix). A return address with none of
+these before it did not come from a call: the stack was torn (read while the guest ran)
+or the unwind went astray.
+"""
+
+from __future__ import annotations
+
+from qmpprof.errors import MemoryFault
+from qmpprof.memory import MemoryReader
+
+_LONGEST_CALL = 8
+
+
+def follows_call(code: MemoryReader, return_address: int) -> bool | None:
+    """Whether a call instruction ends at `return_address`; None if the code is unknown."""
+    try:
+        before = code.read(return_address - _LONGEST_CALL, _LONGEST_CALL)
+    except MemoryFault:
+        return None
+    if before[-5] == 0xE8:
+        return True
+    return any(_indirect_call_ends_here(before[-length:]) for length in range(2, 8))
+
+
+def _indirect_call_ends_here(instruction: bytes) -> bool:
+    """`[REX] ff /2 modrm [sib] [disp]` of exactly this length."""
+    if instruction[0] & 0xF0 == 0x40:
+        instruction = instruction[1:]
+    if len(instruction) < 2 or instruction[0] != 0xFF or (instruction[1] >> 3) & 7 != 2:
+        return False
+    return _modrm_length(instruction[1:]) == len(instruction) - 1
+
+
+def _modrm_length(operand: bytes) -> int:
+    """Bytes of a ModRM operand (ModRM, SIB, displacement) in 64-bit mode."""
+    modrm = operand[0]
+    mod, rm = modrm >> 6, modrm & 7
+    if mod == 3:
+        return 1
+    length = 1
+    if rm == 4:
+        length += 1
+        if mod == 0 and len(operand) > 1 and operand[1] & 7 == 5:
+            return length + 4
+    if mod == 0 and rm == 5:
+        return length + 4
+    return length + {0: 0, 1: 1, 2: 4}[mod]

@@ -1,0 +1,51 @@
+"""The call-site check against objdump's disassembly of a real binary."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from qmpprof.symbols.image import load_code
+from qmpprof.unwind.callsite import follows_call
+from tests.unit.conftest import build_elf
+
+_LINE = re.compile(r"^\s*([0-9a-f]+):\s+((?:[0-9a-f]{2} )+)\s*(\S+)")
+
+
+def instructions(elf: Path) -> list[tuple[int, int, str]]:
+    """(address, length, mnemonic) of every instruction objdump decodes."""
+    listing = subprocess.run(
+        ["objdump", "-d", "--no-show-raw-insn", "-w", str(elf)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    raw = subprocess.run(
+        ["objdump", "-d", "-w", str(elf)], capture_output=True, text=True, check=True
+    ).stdout
+    del listing
+    found = []
+    for line in raw.splitlines():
+        match = _LINE.match(line)
+        if match:
+            length = len(match.group(2).split())
+            found.append((int(match.group(1), 16), length, match.group(3)))
+    return found
+
+
+def test_every_call_is_recognised_and_few_other_boundaries_are(tmp_path: Path) -> None:
+    elf = build_elf("cfi_chain.c", tmp_path, "-O2", "-static")
+    code = load_code(elf)
+    decoded = instructions(elf)
+    after_calls = {address + length for address, length, name in decoded if name == "call"}
+    assert len(after_calls) > 100
+    assert all(follows_call(code, address) for address in after_calls)
+    others = [a for a, _, _ in decoded if a not in after_calls]
+    false_positives = sum(follows_call(code, address) is True for address in others)
+    assert false_positives < 0.05 * len(others)
+
+
+def test_unknown_code_is_unknown(tmp_path: Path) -> None:
+    code = load_code(build_elf("symbols.c", tmp_path, "-O2"))
+    assert follows_call(code, 0xFFFF_FFFF_0000_0000) is None
