@@ -98,9 +98,15 @@ def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--memory",
-        choices=("auto", "hmp", "memsave"),
+        choices=("auto", "direct", "memsave", "hmp"),
         default="auto",
-        help="how to read guest memory (default: memsave if QEMU is local)",
+        help="how to read guest memory (default auto: direct, else memsave, else hmp)",
+    )
+    add(
+        "--mem-path",
+        metavar="FILE",
+        help="the file QEMU backs guest RAM with (-object memory-backend-file,mem-path=FILE,"
+        "share=on): direct reads map it instead of reading /proc/PID/mem",
     )
     add(
         "--stack-bytes",
@@ -258,6 +264,7 @@ def _target_options(args: argparse.Namespace) -> TargetOptions:
         user_dirs=tuple(args.user_dir),
         user_files=tuple(args.user),
         memory=getattr(args, "memory", "auto"),
+        mem_path=getattr(args, "mem_path", None),
         stack_bytes=getattr(args, "stack_bytes", 16 * 1024),
         max_depth=args.max_depth,
         unwind=Strategy(args.unwind),

@@ -26,6 +26,7 @@ class TargetOptions:
     user_dirs: tuple[Path, ...] = ()
     user_files: tuple[Path, ...] = ()
     memory: str = "auto"
+    mem_path: str | None = None
     stack_bytes: int = 16 * 1024
     max_depth: int = 128
     unwind: Strategy = Strategy.AUTO
@@ -53,7 +54,7 @@ async def connected(
     """A QMP session, a memory backend and a capturer over them, closed on the way out."""
     session = await QmpSession.connect(options.qmp_socket)
     try:
-        memory = await open_memory(session, options.memory)
+        memory = await open_memory(session, options.memory, options.mem_path)
         config = CaptureConfig(stack_bytes=options.stack_bytes, cpus=options.cpus)
         try:
             yield session, memory, Capturer(session, memory, analyzer, config)

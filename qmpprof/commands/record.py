@@ -74,11 +74,16 @@ async def _record(
         period_s=options.period_s, duration_s=options.duration_s, nonblocking=options.nonblocking
     )
     async with connected(options.target, collector.analyzer) as (session, memory, capturer):
-        _announce(options, collector, memory.name, err)
+        _announce(options, collector, _describe(memory), err)
         with stop_on_signals(stop), RecordProgress(err, options.duration_s) as progress:
             return await sample_loop(
                 session, capturer, loop_config, stop, on_samples, progress.update
             )
+
+
+def _describe(memory: object) -> str:
+    detail = getattr(memory, "detail", None)
+    return f"{getattr(memory, 'name', '?')} ({detail})" if detail else getattr(memory, "name", "?")
 
 
 def _announce(options: RecordOptions, collector: Collector, memory: str, err: Console) -> None:

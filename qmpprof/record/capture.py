@@ -54,6 +54,7 @@ class Capturer:
         """
         now = time.time()
         registers = parse_all(await self._session.hmp("info registers -a"))
+        self._memory.set_registers(registers)
         cpus = self._config.cpus
         return [await self._one(regs, now) for regs in registers if not cpus or regs.vcpu in cpus]
 

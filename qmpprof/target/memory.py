@@ -1,9 +1,10 @@
 """Reading guest virtual memory through QEMU, one window per round trip where possible.
 
 Backends:
+  direct   guest RAM read from this host without QEMU (target/direct.py): the fastest.
   hmp      HMP `x /Ngx` on the vCPU: works with any QEMU, even on another host.
   memsave  QMP `memsave` into a file on this host's tmpfs: binary, one round trip.
-Both return the readable prefix of the window: a stack window that runs into an
+All return the readable prefix of the window: a stack window that runs into an
 unmapped page is cut there, not lost.
 """
 
@@ -13,9 +14,11 @@ import contextlib
 import os
 import re
 import tempfile
+from collections.abc import Sequence
 from typing import Protocol
 
 from qmpprof.errors import CommandFailed, UsageError
+from qmpprof.model import RegisterSet
 from qmpprof.target.qmp import QmpSession
 
 PAGE_SIZE = 4096
@@ -27,6 +30,11 @@ class MemoryBackend(Protocol):
     """Reads guest virtual memory as one vCPU sees it."""
 
     name: str
+
+    def set_registers(self, registers: Sequence[RegisterSet]) -> None:
+        """Start a tick: the vCPUs' registers as just read (for backends that walk page
+        tables themselves)."""
+        ...
 
     async def read_window(self, cpu: int, address: int, size: int) -> bytes:
         """The readable bytes from `address` upward, at most `size`; b"" if none."""
@@ -42,6 +50,9 @@ class HmpMemory:
 
     def __init__(self, session: QmpSession) -> None:
         self._session = session
+
+    def set_registers(self, registers: Sequence[RegisterSet]) -> None:
+        pass  # QEMU translates with each vCPU's own page tables
 
     async def read_window(self, cpu: int, address: int, size: int) -> bytes:
         words = _clamp(address, size) // 8
@@ -64,6 +75,9 @@ class MemsaveMemory:
         directory = "/dev/shm" if os.path.isdir("/dev/shm") else None
         handle, self.path = tempfile.mkstemp(prefix="qmpprof-", suffix=".mem", dir=directory)
         os.close(handle)
+
+    def set_registers(self, registers: Sequence[RegisterSet]) -> None:
+        pass  # QEMU translates with each vCPU's own page tables
 
     async def read_window(self, cpu: int, address: int, size: int) -> bytes:
         size = _clamp(address, size)
@@ -101,12 +115,22 @@ class MemsaveMemory:
             os.unlink(self.path)
 
 
-async def open_memory(session: QmpSession, kind: str) -> MemoryBackend:
-    """The backend `kind` names; `auto` takes memsave if QEMU can write a file we can read."""
+async def open_memory(session: QmpSession, kind: str, mem_path: str | None = None) -> MemoryBackend:
+    """The backend `kind` names. `auto` takes the fastest that works here: direct (guest
+    RAM mapped from `mem_path`, or QEMU's /proc/PID/mem), else memsave if QEMU can write
+    a file we can read, else hmp. Raises DirectMemoryUnavailable for `direct`."""
     if kind == "hmp":
         return HmpMemory(session)
+    if kind in ("direct", "auto"):
+        from qmpprof.target.direct import DirectMemoryUnavailable, open_direct
+
+        try:
+            return await open_direct(session, mem_path)
+        except DirectMemoryUnavailable:
+            if kind == "direct":
+                raise
     if kind not in ("memsave", "auto"):
-        raise UsageError(f"unknown memory backend {kind!r} (expected auto, hmp or memsave)")
+        raise UsageError(f"unknown memory backend {kind!r} (expected auto, direct, hmp, memsave)")
     backend = MemsaveMemory(session)
     if kind == "memsave" or await _memsave_works(session, backend):
         return backend

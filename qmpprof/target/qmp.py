@@ -78,6 +78,16 @@ class QmpSession:
         except (ExecInterruptedError, QMPError, OSError, EOFError) as err:
             raise TargetGone(f"QEMU closed the QMP connection during {command!r}") from err
 
+    def peer_socket(self) -> Any:
+        """The connected socket (to ask the kernel who QEMU is), or None if not reachable.
+
+        qemu.qmp keeps its stream private; the transport's `get_extra_info("socket")`
+        is asyncio's documented way to the socket."""
+        writer = getattr(self._client, "_writer", None)
+        get_extra_info = getattr(writer, "get_extra_info", None)
+        sock = get_extra_info("socket") if callable(get_extra_info) else None
+        return sock if hasattr(sock, "getsockopt") else None
+
     async def hmp(self, command_line: str, cpu: int | None = None) -> str:
         """Run an HMP command (optionally on one vCPU) and return its text."""
         arguments: dict[str, object] = {"command-line": command_line}

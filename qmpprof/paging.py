@@ -1,0 +1,283 @@
+"""x86 virtual-to-physical translation by walking a guest's page tables (pure).
+
+Given something that reads guest *physical* memory and one vCPU's paging registers
+(CR0, CR3, CR4, EFER), `VirtualMemory` reads guest *virtual* memory as that vCPU sees
+it. Modes: paging disabled (identity), 32-bit (4 KiB pages, 4 MiB with CR4.PSE), PAE
+(4 KiB and 2 MiB pages) and long mode with 4- or 5-level tables (CR4.LA57; 4 KiB,
+2 MiB and 1 GiB pages). The page tables are guest memory, hence hostile input: a walk
+has a fixed number of levels, every read may fault, reserved bits are masked away.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from qmpprof.errors import MemoryFault
+from qmpprof.model import RegisterSet
+
+PAGE_SHIFT = 12
+PAGE_SIZE = 1 << PAGE_SHIFT
+_PAGE_OFFSET = PAGE_SIZE - 1
+_ADDRESS_SPACE_END = 1 << 64
+#: The most bytes one read may ask for: callers read stacks and structs, not gigabytes,
+#: and a bound keeps a bogus size taken from guest memory from looping for minutes.
+MAX_READ_BYTES = 1 << 24
+#: Translations kept per instance before the cache starts over (a tick needs a few).
+CACHE_LIMIT = 4096
+
+_CR0_PG = 1 << 31
+_CR4_PSE = 1 << 4
+_CR4_PAE = 1 << 5
+_CR4_LA57 = 1 << 12
+_EFER_LME = 1 << 8
+_EFER_LMA = 1 << 10
+
+_PRESENT = 1 << 0
+_LARGE = 1 << 7  # PS: this entry maps a page instead of pointing to a table
+#: Physical address bits 12..51 of an entry (drops flags, PAT, protection keys and NX).
+_ADDRESS_MASK = 0x000F_FFFF_FFFF_F000
+_FRAME_2M = _ADDRESS_MASK & ~((1 << 21) - 1)
+_FRAME_1G = _ADDRESS_MASK & ~((1 << 30) - 1)
+_FRAME_4M = 0xFFC0_0000
+_PSE36_BITS = 0x001F_E000  # a 4 MiB PDE's bits 13..20 are physical bits 32..39
+
+_U64 = struct.Struct("<Q")
+
+
+class PhysicalReader(Protocol):
+    """Reads guest physical memory. Raises MemoryFault (with the address) on failure."""
+
+    def read_physical(self, address: int, size: int) -> bytes: ...
+
+
+class PagingMode(Enum):
+    """How a vCPU translates virtual addresses, from CR0.PG, CR4.PAE/LA57 and EFER.LMA."""
+
+    DISABLED = "disabled"
+    LEGACY = "32-bit"
+    PAE = "pae"
+    LONG4 = "4-level"
+    LONG5 = "5-level"
+
+
+@dataclass(frozen=True, slots=True)
+class PagingState:
+    """The registers that decide one vCPU's address translation."""
+
+    cr0: int
+    cr3: int
+    cr4: int
+    efer: int
+
+    @classmethod
+    def from_registers(cls, registers: RegisterSet) -> PagingState:
+        return cls(registers.cr0, registers.cr3, registers.cr4, registers.efer)
+
+    @property
+    def mode(self) -> PagingMode:
+        if not self.cr0 & _CR0_PG:
+            return PagingMode.DISABLED
+        if not self.cr4 & _CR4_PAE:
+            return PagingMode.LEGACY
+        if self.efer & (_EFER_LMA | _EFER_LME):  # LME with PG and PAE on implies LMA
+            return PagingMode.LONG5 if self.cr4 & _CR4_LA57 else PagingMode.LONG4
+        return PagingMode.PAE
+
+
+#: One table level: (index shift, entries - 1, entry bytes, large-page frame mask or 0
+#: where the PS bit does not make a large page).
+_Level = tuple[int, int, int, int]
+_LONG_LOWER: tuple[_Level, ...] = (
+    (39, 511, 8, 0),
+    (30, 511, 8, _FRAME_1G),
+    (21, 511, 8, _FRAME_2M),
+    (12, 511, 8, 0),
+)
+
+
+def _levels(state: PagingState, mode: PagingMode) -> tuple[_Level, ...]:
+    if mode is PagingMode.LONG5:
+        return ((48, 511, 8, 0), *_LONG_LOWER)
+    if mode is PagingMode.LONG4:
+        return _LONG_LOWER
+    if mode is PagingMode.PAE:
+        return ((30, 3, 8, 0), (21, 511, 8, _FRAME_2M), (12, 511, 8, 0))
+    if mode is PagingMode.LEGACY:
+        large = _FRAME_4M if state.cr4 & _CR4_PSE else 0
+        return ((22, 1023, 4, large), (12, 1023, 4, 0))
+    return ()
+
+
+def _root(state: PagingState, mode: PagingMode) -> int:
+    if mode is PagingMode.PAE:
+        return state.cr3 & 0xFFFF_FFE0  # the PDPT is 32-byte aligned, below 4 GiB
+    if mode is PagingMode.LEGACY:
+        return state.cr3 & 0xFFFF_F000
+    return state.cr3 & _ADDRESS_MASK  # long mode: bits 0..11 may hold a PCID
+
+
+def _address_limits(mode: PagingMode) -> tuple[int, int]:
+    """(end of the low half, start of the high half) of the addresses a vCPU can form.
+
+    Outside long mode linear addresses have 32 bits; QEMU's debug translation
+    (gva2gpa, memsave) truncates a longer one (or, with paging off, keeps 52 bits of
+    it) instead of failing. We fault: such an address came from a confused caller.
+    """
+    if mode is PagingMode.LONG4:
+        return 1 << 47, _ADDRESS_SPACE_END - (1 << 47)
+    if mode is PagingMode.LONG5:
+        return 1 << 56, _ADDRESS_SPACE_END - (1 << 56)
+    return 1 << 32, _ADDRESS_SPACE_END
+
+
+class VirtualMemory:
+    """A MemoryReader over one vCPU's virtual addresses, translated through its page
+    tables with a cache of page → frame translations.
+
+    The cache holds what the guest's tables said when first asked: make a new instance
+    (or call `flush()`) whenever the guest may have run since. Every read raises
+    MemoryFault with the virtual address for an unmapped page, a non-canonical
+    address, or physical memory the reader cannot read.
+    """
+
+    def __init__(self, physical: PhysicalReader, state: PagingState) -> None:
+        self.physical = physical
+        self.state = state
+        self._read = physical.read_physical
+        mode = state.mode
+        self._levels = _levels(state, mode)
+        self._root = _root(state, mode)
+        self._low_end, self._high_start = _address_limits(mode)
+        self._cache: dict[int, int] = {}  # virtual page number → physical frame
+        #: Table entries by physical address, as a CPU's paging-structure caches keep
+        #: them: neighbouring pages share all but their last levels.
+        self._entries: dict[int, int] = {}
+
+    @classmethod
+    def from_registers(cls, physical: PhysicalReader, registers: RegisterSet) -> VirtualMemory:
+        return cls(physical, PagingState.from_registers(registers))
+
+    def flush(self) -> None:
+        """Forget every cached translation (the guest may have changed its tables)."""
+        self._cache.clear()
+        self._entries.clear()
+
+    def translate(self, address: int) -> int:
+        """The physical address `address` maps to. Raises MemoryFault."""
+        return self._frame(address, 1) | (address & _PAGE_OFFSET)
+
+    def read_u64(self, address: int) -> int:
+        """One little-endian 64-bit word (the unwinder's hot path). Raises MemoryFault."""
+        offset = address & _PAGE_OFFSET
+        if offset > PAGE_SIZE - 8:  # straddles two pages
+            value: int = _U64.unpack(self.read(address, 8))[0]
+            return value
+        data = self._read_physical(self._frame(address, 8) | offset, 8, address)
+        value = _U64.unpack(data)[0]
+        return value
+
+    def read(self, address: int, size: int) -> bytes:
+        """Exactly `size` bytes from `address`, page by page. Raises MemoryFault."""
+        self._check_size(address, size)
+        if size == 0:
+            return b""
+        if (address & _PAGE_OFFSET) + size <= PAGE_SIZE:  # the common case: one page
+            return self._read_in_page(address, size)
+        return b"".join(self._read_in_page(a, n) for a, n in _pieces(address, size))
+
+    def read_prefix(self, address: int, size: int) -> bytes:
+        """The readable bytes from `address` up to the first unreadable page, at most
+        `size`; b"" when `address` itself cannot be read. Never raises MemoryFault."""
+        size = max(0, min(size, MAX_READ_BYTES, _ADDRESS_SPACE_END - max(address, 0)))
+        parts = []
+        for piece_address, piece_size in _pieces(address, size):
+            try:
+                parts.append(self._read_in_page(piece_address, piece_size))
+            except MemoryFault:
+                break
+        return b"".join(parts)
+
+    def _check_size(self, address: int, size: int) -> None:
+        if not 0 <= size <= MAX_READ_BYTES or address + size > _ADDRESS_SPACE_END:
+            raise MemoryFault(address, max(size, 1))
+
+    def _read_in_page(self, address: int, size: int) -> bytes:
+        frame = self._frame(address, size)
+        return self._read_physical(frame | (address & _PAGE_OFFSET), size, address)
+
+    def _read_physical(self, physical: int, size: int, address: int) -> bytes:
+        """Guest physical bytes; a fault names the virtual address that led there."""
+        try:
+            data = self._read(physical, size)
+        except MemoryFault as err:
+            raise MemoryFault(address, size) from err
+        if len(data) != size:  # a reader that cut the read short is a fault, not data
+            raise MemoryFault(address, size)
+        return data
+
+    def _frame(self, address: int, size: int) -> int:
+        """The physical address of the page holding `address`, from the cache or a walk."""
+        page = address >> PAGE_SHIFT
+        frame = self._cache.get(page)
+        if frame is None:
+            frame = self._walk(address, size)
+            if len(self._cache) >= CACHE_LIMIT:
+                self.flush()
+            self._cache[page] = frame
+        return frame
+
+    def _walk(self, address: int, size: int) -> int:
+        if not (0 <= address < self._low_end or self._high_start <= address < _ADDRESS_SPACE_END):
+            raise MemoryFault(address, size)  # non-canonical, or beyond 32 bits
+        if not self._levels:
+            return address & ~_PAGE_OFFSET
+        try:
+            return self._walk_tables(address)
+        except MemoryFault as err:  # name the virtual address, as for a not-present entry
+            raise MemoryFault(address, size) from err
+
+    def _walk_tables(self, address: int) -> int:
+        """At most five table reads; raises MemoryFault for any unreadable or not-present
+        entry (with whichever address: `_walk` renames it)."""
+        table = self._root
+        entries = self._entries
+        for shift, index_mask, entry_size, large_frame in self._levels:
+            entry_address = table + ((address >> shift) & index_mask) * entry_size
+            entry = entries.get(entry_address)
+            if entry is None:
+                entry = entries[entry_address] = self._read_entry(entry_address, entry_size)
+            if not entry & _PRESENT:
+                raise MemoryFault(address)
+            if large_frame and entry & _LARGE:
+                offset = address & ((1 << shift) - 1) & ~_PAGE_OFFSET
+                return _large_page(entry, entry_size, large_frame) | offset
+            table = entry & _ADDRESS_MASK
+        return table
+
+    def _read_entry(self, entry_address: int, entry_size: int) -> int:
+        data = self._read(entry_address, entry_size)
+        if len(data) != entry_size:
+            raise MemoryFault(entry_address, entry_size)
+        return int.from_bytes(data, "little")
+
+
+def _large_page(entry: int, entry_size: int, frame_mask: int) -> int:
+    """The physical base of a large page: a 32-bit 4 MiB page keeps physical bits
+    32..39 in entry bits 13..20 (PSE-36); the other sizes are plain masks."""
+    if entry_size == 4:
+        return (entry & frame_mask) | ((entry & _PSE36_BITS) << 19)
+    return entry & frame_mask
+
+
+def _pieces(address: int, size: int) -> list[tuple[int, int]]:
+    """(address, size) pieces of a read, each within one page."""
+    pieces = []
+    end = address + size
+    while address < end:
+        piece_end = min(end, (address | _PAGE_OFFSET) + 1)
+        pieces.append((address, piece_end - address))
+        address = piece_end
+    return pieces

@@ -1,0 +1,446 @@
+"""Guest RAM read straight from the host, without QEMU in the loop of each read.
+
+Two sources of guest physical memory, both found through QMP once at start:
+  mmap   the file QEMU's RAM lives in (`-object memory-backend-file,...,mem-path=PATH,
+         share=on -machine memory-backend=ID`): file offset = offset in that RAM block.
+  proc   QEMU's own address space through /proc/PID/mem: host address of each guest
+         physical range from HMP `gpa2hva` (QEMU 7.2's `info ramblock` prints no host
+         addresses); needs the permission to ptrace QEMU.
+Either way `info mtree -f` says which guest physical ranges are RAM and where each
+lies in its RAM block (RAM above 4 GiB continues the block after the PCI hole), and
+virtual addresses are translated by walking the vCPU's page tables (qmpprof.paging).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import mmap
+import os
+import re
+import socket
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from qmpprof.errors import MemoryFault, QmpprofError
+from qmpprof.model import RegisterSet
+from qmpprof.paging import PagingState, VirtualMemory
+from qmpprof.target.memory import parse_hmp_words
+from qmpprof.target.qmp import QmpSession
+
+_FLATVIEW = re.compile(r"^FlatView #\d+\s*$", re.MULTILINE)
+_FLAT_RANGE = re.compile(
+    r"^\s+([0-9a-f]+)-([0-9a-f]+) \(prio -?\d+, (?:nv-)?([a-z/]+)\): (.+?)(?: @([0-9a-f]+))?"
+    r"(?: (?:KVM|HVF|WHPX|NVMM|Xen))*\s*$"  # accelerators that hold the range (" KVM")
+)
+_READABLE_KINDS = frozenset({"ram", "rom", "romd"})  # not "ramd": device memory (VFIO BARs)
+_RAMBLOCK = re.compile(
+    r"^\s*(\S+)\s+\d+ [KMGT]?i?B\s+0x([0-9a-f]+)\s+0x([0-9a-f]+)\s+0x([0-9a-f]+)\s*$"
+)
+_GPA2HVA = re.compile(r"Host virtual address for 0x([0-9a-f]+) \((.*)\) is (?:0x)?([0-9a-f]+)")
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_VERIFY_BYTES = 32
+_VERIFY_ATTEMPTS = 3
+
+
+class DirectMemoryUnavailable(QmpprofError):
+    """Guest RAM cannot be read directly from this host (the reason says why)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"cannot read guest memory directly: {reason}")
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class RamRange:
+    """Guest physical [start, start + size) is RAM block memory from `offset` in the
+    memory region `region` (as `info mtree -f` names it)."""
+
+    start: int
+    size: int
+    region: str
+    offset: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+
+@dataclass(frozen=True)
+class RamBlock:
+    """One line of `info ramblock`: a RAM block and its bytes in use."""
+
+    name: str
+    offset: int
+    used: int
+    total: int
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Guest physical [start, end) read from the source at `source_offset` onward (a
+    file offset for mmap, a host virtual address for /proc/PID/mem)."""
+
+    start: int
+    end: int
+    source_offset: int
+    region: str
+
+
+#: A segment no read falls into (it ends before it starts): `_last` with no segments.
+_NOWHERE = Segment(1, 0, 0, "")
+
+
+def parse_flat_ram(text: str) -> list[RamRange]:
+    """The readable RAM/ROM ranges of the system address space (`AS "memory"`) in
+    `info mtree -f` output, sorted, contiguous pieces merged. Raises
+    DirectMemoryUnavailable when there is no such flat view or no RAM in it."""
+    view = _system_flat_view(text)
+    ranges: list[RamRange] = []
+    for line in view.splitlines():
+        match = _FLAT_RANGE.match(line)
+        if match is None or match.group(3) not in _READABLE_KINDS:
+            continue
+        start, last = int(match.group(1), 16), int(match.group(2), 16)
+        offset = int(match.group(5) or "0", 16)
+        ranges.append(RamRange(start, last - start + 1, match.group(4), offset))
+    if not ranges:
+        raise DirectMemoryUnavailable("unknown layout: no RAM in QEMU's 'info mtree -f'")
+    return _merge(sorted(ranges, key=lambda r: r.start))
+
+
+def _system_flat_view(text: str) -> str:
+    for view in _FLATVIEW.split(text):
+        if re.search(r'^\s*AS "memory"', view, re.MULTILINE):
+            return view
+    raise DirectMemoryUnavailable('unknown layout: no flat view of AS "memory" in mtree')
+
+
+def _merge(ranges: Iterable[RamRange]) -> list[RamRange]:
+    """Adjacent ranges of one region at consecutive offsets become one range."""
+    merged: list[RamRange] = []
+    for current in ranges:
+        last = merged[-1] if merged else None
+        if (
+            last is not None
+            and last.end == current.start
+            and last.region == current.region
+            and last.offset + last.size == current.offset
+        ):
+            merged[-1] = RamRange(last.start, last.size + current.size, last.region, last.offset)
+        else:
+            merged.append(current)
+    return merged
+
+
+def parse_ramblocks(text: str) -> list[RamBlock]:
+    """The blocks listed by `info ramblock` (header and unknown lines skipped)."""
+    blocks = []
+    for line in text.splitlines():
+        match = _RAMBLOCK.match(line)
+        if match is not None:
+            offset, used, total = (int(match.group(i), 16) for i in (2, 3, 4))
+            blocks.append(RamBlock(match.group(1), offset, used, total))
+    return blocks
+
+
+def parse_gpa2hva(text: str) -> tuple[str, int]:
+    """(region name, host address) from HMP `gpa2hva` output. Raises
+    DirectMemoryUnavailable with QEMU's words when it gave no address."""
+    match = _GPA2HVA.search(text)
+    if match is None:
+        raise DirectMemoryUnavailable(f"unknown layout: gpa2hva said {text.strip()!r}")
+    return match.group(2), int(match.group(3), 16)
+
+
+class SegmentedMemory:
+    """Guest physical memory (a qmpprof.paging.PhysicalReader): sorted segments, each
+    read from one source; anything outside them, or a failed source read, faults."""
+
+    detail = "no source"
+
+    def __init__(self, segments: Sequence[Segment]) -> None:
+        self.segments = tuple(sorted(segments, key=lambda s: s.start))
+        self._starts = [s.start for s in self.segments]
+        self._last = self.segments[0] if self.segments else _NOWHERE
+
+    def read_physical(self, address: int, size: int) -> bytes:
+        """`size` bytes of guest physical memory. Raises MemoryFault."""
+        segment = self._last
+        if address < segment.start or address + size > segment.end or size < 0:
+            segment = self._find(address, size)
+        try:
+            return self._read_source(segment.source_offset + address - segment.start, size)
+        except MemoryFault as err:  # name the guest physical address, not the host's
+            raise MemoryFault(address, size) from err
+
+    def _find(self, address: int, size: int) -> Segment:
+        index = bisect.bisect_right(self._starts, address) - 1
+        if index < 0 or address + size > self.segments[index].end or size < 0:
+            raise MemoryFault(address, max(size, 1))
+        self._last = self.segments[index]
+        return self._last
+
+    def _read_source(self, offset: int, size: int) -> bytes:
+        """`size` bytes at `offset` of the source (subclasses). Raises MemoryFault."""
+        raise MemoryFault(offset, size)
+
+    def close(self) -> None:
+        """Release the source; later reads fault. Never raises."""
+        self.segments = ()
+        self._starts = []
+        self._last = _NOWHERE
+
+
+class MappedFileMemory(SegmentedMemory):
+    """Guest RAM from an mmap of the file QEMU shares it through."""
+
+    def __init__(self, path: str, segments: Sequence[Segment]) -> None:
+        """Raises DirectMemoryUnavailable when the file cannot be mapped or is short."""
+        super().__init__(segments)
+        self.detail = f"mmap of {path}"
+        self._map = _map_file(path)
+        if any(s.source_offset + s.end - s.start > len(self._map) for s in self.segments):
+            self._map.close()
+            raise DirectMemoryUnavailable(f"{path} is smaller than QEMU's guest RAM in it")
+
+    def _read_source(self, offset: int, size: int) -> bytes:
+        return self._map[offset : offset + size]
+
+    def close(self) -> None:
+        super().close()
+        self._map.close()
+
+
+def _map_file(path: str) -> mmap.mmap:
+    try:
+        with open(path, "rb") as stream:
+            return mmap.mmap(stream.fileno(), 0, prot=mmap.PROT_READ)
+    except (OSError, ValueError) as err:
+        raise DirectMemoryUnavailable(f"cannot map {path}: {_reason(err)}") from err
+
+
+class ProcessMemory(SegmentedMemory):
+    """Guest RAM read from QEMU's address space through /proc/PID/mem."""
+
+    def __init__(self, pid: int, segments: Sequence[Segment]) -> None:
+        """Raises DirectMemoryUnavailable when /proc/PID/mem cannot be opened."""
+        super().__init__(segments)
+        path = f"/proc/{pid}/mem"
+        self.detail = path
+        try:
+            self._fd: int | None = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as err:
+            raise DirectMemoryUnavailable(
+                f"cannot open {path}: {_reason(err)} (QEMU's user with ptrace rights, or root, can)"
+            ) from err
+
+    def _read_source(self, offset: int, size: int) -> bytes:
+        try:
+            data = os.pread(self._fd, size, offset) if self._fd is not None else b""
+        except OSError as err:
+            raise MemoryFault(offset, size) from err
+        if len(data) != size:
+            raise MemoryFault(offset, size)
+        return data
+
+    def close(self) -> None:
+        super().close()
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+
+class DirectMemory:
+    """A MemoryBackend that reads guest RAM on this host, translating each vCPU's
+    virtual addresses with the registers of the current tick (`set_registers`)."""
+
+    name = "direct"
+
+    def __init__(self, physical: SegmentedMemory) -> None:
+        self.physical = physical
+        self.detail = physical.detail
+        self._vcpus: dict[int, VirtualMemory] = {}
+
+    def set_registers(self, registers: Iterable[RegisterSet]) -> None:
+        """Start a tick: translate with these registers, forgetting every cached
+        translation (the guest ran since the last tick and may have changed its tables)."""
+        shared: dict[PagingState, VirtualMemory] = {}
+        self._vcpus = {}
+        for regs in registers:
+            state = PagingState.from_registers(regs)
+            if state not in shared:  # vCPUs in one address space share one cache
+                shared[state] = VirtualMemory(self.physical, state)
+            self._vcpus[regs.vcpu] = shared[state]
+
+    def reader(self, cpu: int) -> VirtualMemory:
+        """vCPU `cpu`'s memory as a synchronous MemoryReader. Raises LookupError when
+        `set_registers` was not given that vCPU's registers."""
+        memory = self._vcpus.get(cpu)
+        if memory is None:
+            raise LookupError(f"DirectMemory: no registers of vCPU {cpu} (set_registers)")
+        return memory
+
+    async def read_window(self, cpu: int, address: int, size: int) -> bytes:
+        """The readable bytes from `address` upward, at most `size` (cut at the first
+        unmapped page); b"" if none. Raises LookupError like `reader`."""
+        return self.reader(cpu).read_prefix(address, size)
+
+    async def close(self) -> None:
+        self._vcpus = {}
+        self.physical.close()
+
+
+async def open_direct(session: QmpSession, mem_path: str | None = None) -> DirectMemory:
+    """Direct access to the guest RAM of the QEMU behind `session`: an mmap of
+    `mem_path` when given (QEMU's memory-backend-file), else /proc/PID/mem.
+
+    Raises DirectMemoryUnavailable (why: another host or PID namespace, no permission,
+    a layout we do not understand, bytes that disagree with QEMU's), and TargetGone or
+    CommandFailed from the session.
+    """
+    ranges = parse_flat_ram(await session.hmp("info mtree -f"))
+    blocks = parse_ramblocks(await session.hmp("info ramblock"))
+    if mem_path is not None:
+        physical: SegmentedMemory = await _open_file(session, mem_path, ranges, blocks)
+    else:
+        physical = await _open_process(session, ranges, blocks)
+    try:
+        await _verify(session, physical)
+    except BaseException:
+        physical.close()
+        raise
+    return DirectMemory(physical)
+
+
+async def _open_file(
+    session: QmpSession, path: str, ranges: Sequence[RamRange], blocks: Sequence[RamBlock]
+) -> SegmentedMemory:
+    backend = await _file_backend(session, path)
+    ram = [r for r in ranges if r.region == backend]
+    if not ram:
+        raise DirectMemoryUnavailable(f"QEMU maps none of {path} ({backend}) as guest RAM")
+    _check_blocks(ram, blocks)
+    return MappedFileMemory(path, [Segment(r.start, r.end, r.offset, r.region) for r in ram])
+
+
+async def _file_backend(session: QmpSession, path: str) -> str:
+    """The id of the shared memory-backend-file object whose file is `path`."""
+    objects = await session.execute("qom-list", {"path": "/objects"})
+    for child in objects:
+        if child.get("type") != "child<memory-backend-file>":
+            continue
+        name = str(child["name"])
+        if _same_file(path, str(await _qom_get(session, name, "mem-path"))):
+            if not await _qom_get(session, name, "share"):
+                raise DirectMemoryUnavailable(f"QEMU maps {path} share=off: it never sees writes")
+            return name
+    raise DirectMemoryUnavailable(f"QEMU has no memory-backend-file with mem-path={path}")
+
+
+async def _qom_get(session: QmpSession, name: str, prop: str) -> Any:
+    return await session.execute("qom-get", {"path": f"/objects/{name}", "property": prop})
+
+
+def _same_file(ours: str, theirs: str) -> bool:
+    try:
+        return os.path.samefile(ours, theirs)
+    except OSError:  # QEMU's path may not exist here (another host or mount namespace)
+        return False
+
+
+async def _open_process(
+    session: QmpSession, ranges: Sequence[RamRange], blocks: Sequence[RamBlock]
+) -> SegmentedMemory:
+    pid = qemu_pid(session)
+    _check_blocks(ranges, blocks)
+    segments = [await _host_segment(session, r) for r in ranges]
+    return ProcessMemory(pid, segments)
+
+
+async def _host_segment(session: QmpSession, ram: RamRange) -> Segment:
+    region, host = parse_gpa2hva(await session.hmp(f"gpa2hva {ram.start:#x}"))
+    if region != ram.region:
+        raise DirectMemoryUnavailable(
+            f"unknown layout: {ram.start:#x} is in {region!r} by gpa2hva, {ram.region!r} by mtree"
+        )
+    return Segment(ram.start, ram.end, host, ram.region)
+
+
+def _check_blocks(ranges: Iterable[RamRange], blocks: Sequence[RamBlock]) -> None:
+    """Each range must lie inside its RAM block (a region named like one block)."""
+    for ram in ranges:
+        named = [b for b in blocks if b.name == ram.region or b.name.endswith("/" + ram.region)]
+        if len(named) == 1 and ram.offset + ram.size > named[0].used:
+            raise DirectMemoryUnavailable(
+                f"unknown layout: {ram.region} @{ram.offset:#x}+{ram.size:#x} exceeds its "
+                f"RAM block ({named[0].used:#x} bytes)"
+            )
+
+
+def qemu_pid(session: QmpSession) -> int:
+    """The process id of the QEMU behind `session`, from the peer credentials of its
+    unix socket. Raises DirectMemoryUnavailable when QEMU is not a process we can see."""
+    sock = _session_socket(session)
+    pid = _peer_pid(sock) if sock is not None else _connect_for_pid(session.path)
+    if pid <= 0:
+        raise DirectMemoryUnavailable("QEMU runs in another PID namespace (container?)")
+    return pid
+
+
+def _session_socket(session: QmpSession) -> Any:
+    return session.peer_socket()
+
+
+def _peer_pid(sock: Any) -> int:
+    try:
+        data = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    except (OSError, AttributeError) as err:  # TCP, or a platform without SO_PEERCRED
+        raise DirectMemoryUnavailable("the QMP socket tells no peer process") from err
+    pid: int = _UCRED.unpack(data)[0]
+    return pid
+
+
+def _connect_for_pid(path: str) -> int:
+    """Peer credentials from a connection of our own that never speaks QMP: the kernel
+    fills them in at connect(), before QEMU accepts (it serves one client at a time)."""
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(1.0)
+            sock.connect(path)
+            return _peer_pid(sock)
+    except OSError as err:
+        raise DirectMemoryUnavailable(f"cannot ask {path} for QEMU's pid: {_reason(err)}") from err
+
+
+async def _verify(session: QmpSession, physical: SegmentedMemory) -> None:
+    """Each segment's first bytes must equal what QEMU's `xp` reads there."""
+    for segment in physical.segments:
+        try:
+            agrees = await _agrees(session, physical, segment.start)
+        except MemoryFault as err:
+            raise DirectMemoryUnavailable(
+                f"{physical.detail} has no guest RAM at {segment.start:#x} (not QEMU's?)"
+            ) from err
+        if not agrees:
+            raise DirectMemoryUnavailable(
+                f"{physical.detail} disagrees with QEMU at guest physical {segment.start:#x}"
+            )
+
+
+async def _agrees(session: QmpSession, physical: SegmentedMemory, address: int) -> bool:
+    for _ in range(_VERIFY_ATTEMPTS):  # a running guest may write there while we compare
+        direct = physical.read_physical(address, _VERIFY_BYTES)
+        text = await session.hmp(f"xp /{_VERIFY_BYTES // 8}gx {address:#x}")
+        if parse_hmp_words(text, address) == direct:
+            return True
+    return False
+
+
+def _reason(err: Exception) -> str:
+    if isinstance(err, OSError):
+        return err.strerror or str(err)
+    return str(err)
