@@ -1,4 +1,11 @@
-"""The QMP session: the only module that imports qemu.qmp.
+"""The QMP session: the only module that speaks to QEMU's monitor.
+
+A small asyncio protocol of our own rather than the `qemu.qmp` package: in the
+sampling loop qemu.qmp's writer and reader tasks cost several event-loop hand-offs per
+command, which measured 2-3x the latency of a bare socket for stop / info registers /
+cont (bench/sample_cost.py). Here a reply resolves its caller's future directly from
+data_received. Out-of-band execution is not negotiated, so QEMU answers in order and
+replies match requests first in, first out.
 
 Every method raises a QmpprofError subclass: ConnectionFailed while connecting,
 TargetGone when QEMU disappears, CommandFailed when QEMU refuses a command or does
@@ -9,20 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
+import json
 import os
 import stat
+from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
-
-from qemu.qmp import (
-    ConnectError,
-    EventListener,
-    ExecInterruptedError,
-    ExecuteError,
-    QMPClient,
-    QMPError,
-)
 
 from qmpprof.errors import CommandFailed, ConnectionFailed, TargetGone
 
@@ -30,63 +29,146 @@ from qmpprof.errors import CommandFailed, ConnectionFailed, TargetGone
 #: (for example a GDB client holding the gdbstub while we asked for `stop`).
 COMMAND_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 5.0
+#: A monitor line longer than this is not QMP (`info registers -a` of 64 vCPUs is ~200 KB).
+MAX_LINE = 64 << 20
 
-logging.getLogger("qemu.qmp").setLevel(logging.CRITICAL)
+
+class _QmpProtocol(asyncio.Protocol):
+    """Splits QEMU's JSON lines into the greeting, replies (FIFO) and run-state events."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.greeting: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.pending: deque[asyncio.Future[dict[str, Any]]] = deque()
+        self.running: bool | None = None
+        self.closed: Exception | None = None
+        self._buffer = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        while b"\n" in self._buffer:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            if line.strip():
+                self._message(line)
+        if len(self._buffer) > MAX_LINE:
+            self._fail(ValueError("monitor line too long"))
+
+    def _message(self, line: bytes) -> None:
+        try:
+            message = json.loads(line)
+        except ValueError as err:
+            self._fail(err)
+            return
+        if not isinstance(message, dict):
+            self._fail(ValueError("not a JSON object"))
+        elif "event" in message:
+            self._event(message)
+        elif not self.greeting.done():
+            self.greeting.set_result(message)
+        elif self.pending:
+            future = self.pending.popleft()
+            if not future.done():
+                future.set_result(message)
+
+    def _event(self, message: dict[str, Any]) -> None:
+        if message["event"] in ("STOP", "RESUME") and self.running is not None:
+            self.running = message["event"] == "RESUME"
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(exc or EOFError("QEMU closed the connection"))
+
+    def _fail(self, error: Exception) -> None:
+        self.closed = error
+        for future in [self.greeting, *self.pending]:
+            if not future.done():
+                future.set_exception(error)
+        self.pending.clear()
+        if self.transport is not None:
+            self.transport.close()
 
 
 class QmpSession:
     """One QMP connection to one QEMU. Use `connect()` to make one."""
 
-    def __init__(self, client: QMPClient, path: str) -> None:
-        self._client = client
+    def __init__(self, protocol: _QmpProtocol, path: str) -> None:
+        self._protocol = protocol
         self.path = path
-        # The run state follows QEMU's STOP/RESUME events (GDB's stops included), so
-        # a tick need not ask `query-status` before pausing.
-        self._runstate_events = EventListener(("STOP", "RESUME"))
-        client.register_listener(self._runstate_events)
-        self._running: bool | None = None
 
     @classmethod
     async def connect(cls, path: str, timeout: float = CONNECT_TIMEOUT_S) -> QmpSession:
         """Connect and negotiate capabilities. Raises ConnectionFailed."""
         _check_socket_path(path)
-        client = QMPClient("qmpprof")
+        loop = asyncio.get_running_loop()
         try:
-            await asyncio.wait_for(client.connect(path), timeout)
+            _, protocol = await loop.create_unix_connection(_QmpProtocol, path)
+        except OSError as err:
+            raise ConnectionFailed(path, _describe_os_error(err)) from err
+        session = cls(protocol, path)
+        try:
+            await session._handshake(timeout)
+        except BaseException:
+            await session.close()
+            raise
+        return session
+
+    async def _handshake(self, timeout: float) -> None:
+        try:
+            async with asyncio.timeout(timeout):
+                greeting = await self._protocol.greeting
         except TimeoutError as err:
-            await _quiet_disconnect(client)
             raise ConnectionFailed(
-                path, f"no QMP greeting within {timeout:g} s (is another client connected?)"
+                self.path, f"no QMP greeting within {timeout:g} s (is another client connected?)"
             ) from err
-        except ConnectError as err:
-            raise ConnectionFailed(path, _describe_connect_error(err)) from err
-        return cls(client, path)
+        except (ValueError, OSError, EOFError) as err:
+            raise ConnectionFailed(self.path, _NOT_QMP) from err
+        if "QMP" not in greeting:
+            raise ConnectionFailed(self.path, _NOT_QMP)
+        try:
+            await self.execute("qmp_capabilities")
+        except (CommandFailed, TargetGone) as err:
+            raise ConnectionFailed(self.path, f"capability negotiation failed ({err})") from err
 
     async def close(self) -> None:
         """Disconnect; never raises."""
-        await _quiet_disconnect(self._client)
+        transport = self._protocol.transport
+        if transport is not None:
+            transport.close()
+        await asyncio.sleep(0)
 
     async def execute(self, command: str, arguments: Mapping[str, object] | None = None) -> Any:
         """Run one QMP command and return its `return` value."""
+        reply = await self._exchange(command, arguments)
+        if "error" in reply:
+            error = reply["error"]
+            raise CommandFailed(command, str(error.get("desc", error)))
+        return reply.get("return")
+
+    async def _exchange(self, command: str, arguments: Mapping[str, object] | None) -> Any:
+        protocol = self._protocol
+        if protocol.closed is not None or protocol.transport is None:
+            raise TargetGone(f"QEMU closed the QMP connection before {command!r}")
+        message: dict[str, object] = {"execute": command}
+        if arguments:
+            message["arguments"] = dict(arguments)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        protocol.pending.append(future)
+        protocol.transport.write(json.dumps(message).encode() + b"\n")
         try:
             async with asyncio.timeout(COMMAND_TIMEOUT_S):
-                return await self._client.execute(command, arguments)
-        except ExecuteError as err:
-            raise CommandFailed(command, err.error.error.desc) from err
+                return await future
         except TimeoutError as err:
             raise CommandFailed(command, f"no answer within {COMMAND_TIMEOUT_S:g} s") from err
-        except (ExecInterruptedError, QMPError, OSError, EOFError) as err:
+        except (OSError, EOFError, ValueError) as err:
             raise TargetGone(f"QEMU closed the QMP connection during {command!r}") from err
 
     def peer_socket(self) -> Any:
-        """The connected socket (to ask the kernel who QEMU is), or None if not reachable.
-
-        qemu.qmp keeps its stream private; the transport's `get_extra_info("socket")`
-        is asyncio's documented way to the socket."""
-        writer = getattr(self._client, "_writer", None)
-        get_extra_info = getattr(writer, "get_extra_info", None)
-        sock = get_extra_info("socket") if callable(get_extra_info) else None
-        return sock if hasattr(sock, "getsockopt") else None
+        """The connected socket (to ask the kernel who QEMU is), or None."""
+        transport = self._protocol.transport
+        return transport.get_extra_info("socket") if transport is not None else None
 
     async def hmp(self, command_line: str, cpu: int | None = None) -> str:
         """Run an HMP command (optionally on one vCPU) and return its text."""
@@ -99,20 +181,21 @@ class QmpSession:
     async def is_running(self) -> bool:
         """Whether the guest is running (not paused by us, GDB, or anyone else).
 
-        Asks QEMU once, then follows its STOP and RESUME events."""
-        if self._running is None:
-            self._runstate_events.clear()
+        Asks QEMU once, then follows its STOP and RESUME events (GDB's stops raise
+        them too), so a tick needs no `query-status` round trip."""
+        if self._protocol.running is None:
             status = await self.execute("query-status")
-            self._running = bool(status["running"])
-        for event in self._runstate_events.clear():
-            self._running = event["event"] == "RESUME"
-        return self._running
+            self._protocol.running = bool(status["running"])
+        return self._protocol.running
 
     async def stop(self) -> None:
         await self.execute("stop")
 
     async def cont(self) -> None:
         await self.execute("cont")
+
+
+_NOT_QMP = "not a QMP socket (the other end did not greet like QEMU)"
 
 
 def _check_socket_path(path: str) -> None:
@@ -126,22 +209,12 @@ def _check_socket_path(path: str) -> None:
         raise ConnectionFailed(path, "not a socket (expected QEMU's -qmp unix:PATH,server=on)")
 
 
-def _describe_connect_error(err: ConnectError) -> str:
-    cause = err.exc
-    if isinstance(cause, ConnectionRefusedError):
+def _describe_os_error(err: OSError) -> str:
+    if isinstance(err, ConnectionRefusedError):
         return "nothing is listening (has QEMU exited?)"
-    if isinstance(cause, PermissionError):
+    if isinstance(err, PermissionError):
         return "permission denied"
-    if isinstance(cause, OSError):
-        return cause.strerror or str(cause)
-    if isinstance(cause, EOFError):
-        return "the other end hung up before greeting (not a QMP socket?)"
-    return "not a QMP socket (the other end did not greet like QEMU)"
-
-
-async def _quiet_disconnect(client: QMPClient) -> None:
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(client.disconnect(), 2.0)
+    return err.strerror or str(err)
 
 
 @contextlib.asynccontextmanager

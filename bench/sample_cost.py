@@ -1,0 +1,179 @@
+"""What one sample costs, measured side by side on the example guest (fp build).
+
+  floor_ms        a bare-socket loop of the QMP commands a stopped sample needs
+                  (stop, info registers -a, cont), no memory reads, no unwinding
+  stop_ms         qmpprof in stop mode: pause, registers, stack (direct memory), resume,
+                  then unwind and symbolize
+  nonblocking_ms  qmpprof --nonblocking: registers and stack while the VM runs, unwind
+  naive_ms        the naive method: stop, registers, one HMP `x` per frame (following
+                  the frame-pointer chain), cont
+The methods take turns in --rounds rounds (this machine's load changes by the second),
+and each figure is the median of all its iterations; the last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import booted_with_ram_file, median
+from qmpprof.analysis import Analyzer
+from qmpprof.modules import load_module
+from qmpprof.record.capture import CaptureConfig, Capturer
+from qmpprof.target.memory import open_memory
+from qmpprof.target.qmp import QmpSession, paused
+from qmpprof.target.registers import parse_all
+from tests.guest_vm import Guest
+
+
+class BareQmp:
+    """QMP over a plain socket: the floor no client library can go under."""
+
+    def __init__(self, path: str) -> None:
+        self._sock = socket.socket(socket.AF_UNIX)
+        self._sock.connect(path)
+        self._stream = self._sock.makefile("rw")
+        self._stream.readline()
+        self.call("qmp_capabilities")
+
+    def call(self, command: str, arguments: dict[str, object] | None = None) -> object:
+        message: dict[str, object] = {"execute": command}
+        if arguments:
+            message["arguments"] = arguments
+        self._stream.write(json.dumps(message) + "\n")
+        self._stream.flush()
+        while True:
+            reply = json.loads(self._stream.readline())
+            if "event" not in reply:
+                return reply.get("return")
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def timed(count: int, once: Callable[[], object]) -> list[float]:
+    durations = []
+    for _ in range(count):
+        started = time.perf_counter()
+        once()
+        durations.append(time.perf_counter() - started)
+    return durations
+
+
+def floor_ms(guest: Guest, count: int) -> list[float]:
+    qmp = BareQmp(guest.qmp)
+
+    def once() -> None:
+        qmp.call("stop")
+        qmp.call("human-monitor-command", {"command-line": "info registers -a"})
+        qmp.call("cont")
+
+    try:
+        return timed(count, once)
+    finally:
+        qmp.close()
+
+
+def naive_ms(guest: Guest, count: int) -> tuple[list[float], list[int]]:
+    """Stop, registers, one `x /2gx` per frame up the rbp chain, cont; and the depth."""
+    qmp = BareQmp(guest.qmp)
+    depths: list[int] = []
+
+    def once() -> None:
+        qmp.call("stop")
+        text = qmp.call("human-monitor-command", {"command-line": "info registers -a"})
+        regs = parse_all(str(text))[0]
+        rbp, depth = regs.rbp, 1
+        while rbp and depth < 64:
+            line = str(qmp.call("human-monitor-command", {"command-line": f"x /2gx {rbp:#x}"}))
+            words = line.split(":", 1)[1].split() if ":" in line else []
+            if len(words) < 2 or "Cannot" in line:
+                break
+            rbp, depth = int(words[0], 16), depth + 1
+        depths.append(depth)
+        qmp.call("cont")
+
+    try:
+        return timed(count, once), depths
+    finally:
+        qmp.close()
+
+
+async def qmpprof_ms(guest: Guest, ram: Path, count: int, nonblocking: bool) -> list[float]:
+    session = await QmpSession.connect(guest.qmp)
+    memory = await open_memory(session, "direct", str(ram))
+    analyzer = Analyzer(load_module(guest.kernel))
+    capturer = Capturer(session, memory, analyzer, CaptureConfig())
+
+    async def once() -> None:
+        if nonblocking:
+            raws = await capturer.capture()
+        else:
+            async with paused(session):
+                raws = await capturer.capture()
+        for raw in raws:
+            analyzer.analyze(raw)
+
+    try:
+        return await timed_async(count, once)
+    finally:
+        await memory.close()
+        await session.close()
+
+
+async def timed_async(count: int, once: Callable[[], Awaitable[None]]) -> list[float]:
+    durations = []
+    for _ in range(count):
+        started = time.perf_counter()
+        await once()
+        durations.append(time.perf_counter() - started)
+    return durations
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--samples", type=int, default=60, help="iterations per method per round")
+    parser.add_argument("--accel", default="tcg")
+    args = parser.parse_args()
+    times: dict[str, list[float]] = {"floor": [], "stop": [], "nonblocking": [], "naive": []}
+    depths: list[int] = []
+    with booted_with_ram_file("--accel", args.accel) as (guest, ram):
+        for _ in range(args.rounds):
+            times["floor"] += floor_ms(guest, args.samples)
+            times["stop"] += asyncio.run(qmpprof_ms(guest, ram, args.samples, False))
+            times["nonblocking"] += asyncio.run(qmpprof_ms(guest, ram, args.samples, True))
+            naive, round_depths = naive_ms(guest, args.samples)
+            times["naive"] += naive
+            depths += round_depths
+    ms = {name: median(values) * 1000 for name, values in times.items()}
+    depth = median([float(d) for d in depths])
+    print(
+        ", ".join(f"{name} {value:.3f} ms" for name, value in ms.items())
+        + f" (naive at median depth {depth:.0f})"
+    )
+    print(
+        json.dumps(
+            {
+                "floor_ms": round(ms["floor"], 3),
+                "stop_ms": round(ms["stop"], 3),
+                "nonblocking_ms": round(ms["nonblocking"], 3),
+                "naive_ms": round(ms["naive"], 3),
+                "naive_depth": depth,
+                "stop_over_floor": round(ms["stop"] / ms["floor"], 2),
+                "naive_over_stop": round(ms["naive"] / ms["stop"], 2),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
