@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 APT_PACKAGES := qemu-system-x86 gdb gcc make binutils python3-venv
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help demo test unit integration bench lint format deps system-deps guest clean
+.PHONY: help demo test unit integration bench lint format deps system-deps guest consumers clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -17,7 +17,7 @@ help:  ## list the targets
 demo: deps guest  ## boot the example guest, profile it 10 s, write demo/, print the hottest stacks
 	@PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/demo.sh
 
-test: deps guest  ## run every test (unit, then integration against a real QEMU)
+test: deps guest consumers  ## run every test (unit, consumers, integration against a real QEMU)
 	$(BIN)/pytest -q tests
 
 unit: deps  ## unit tests only (no QEMU)
@@ -57,6 +57,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
+
+consumers:  ## install the tools that open our outputs in tests (go tool pprof, chromium, speedscope)
+	bash tests/consumers/install.sh
 
 guest:  ## build the example guest OS
 	$(MAKE) -s -C examples/guest

@@ -1,0 +1,205 @@
+"""pprof's profile.proto, gzip-compressed (`.pb.gz`): for `go tool pprof`, Pyroscope and friends.
+
+The protobuf encoding is written by hand (varints and length-delimited fields are all the
+format needs), so qmpprof depends on no protobuf library. The message and field numbers
+are those of github.com/google/pprof/blob/main/proto/profile.proto.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from qmpprof.model import Frame, Recording, Sample
+from qmpprof.profile import Scope, counted
+
+_VARINT, _LENGTH = 0, 2
+_UINT64 = (1 << 64) - 1
+#: pprof drops a numeric label whose value and unit are both 0 (vCPU 0): give it a unit.
+VCPU_UNIT = "vcpu"
+
+
+def write_pprof(
+    samples: Sequence[Sample],
+    recording: Recording,
+    path: Path,
+    scope: Scope = Scope.ALL,
+    include_idle: bool = False,
+) -> None:
+    """Write the counted samples to `path` as a gzip-compressed profile.proto (replacing it)."""
+    path.write_bytes(gzip.compress(pprof_bytes(samples, recording, scope, include_idle)))
+
+
+def pprof_bytes(
+    samples: Sequence[Sample], recording: Recording, scope: Scope, include_idle: bool
+) -> bytes:
+    """The uncompressed profile.proto message for the counted samples."""
+    builder = ProtoProfile(round(recording.period_s * 1e9))
+    for sample in samples:
+        frames = counted(sample, scope, include_idle)
+        if frames:
+            builder.add(sample, frames)
+    return builder.encode(recording)
+
+
+# --- protobuf wire format ----------------------------------------------------------------
+
+
+def varint(value: int) -> bytes:
+    """`value` as a protobuf varint (negative int64s as their 64-bit two's complement)."""
+    value &= _UINT64
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def uint_field(number: int, value: int) -> bytes:
+    """A varint field; omitted when 0, as proto3 does."""
+    return varint(number << 3 | _VARINT) + varint(value) if value else b""
+
+
+def bytes_field(number: int, data: bytes) -> bytes:
+    """A length-delimited field: a string, an embedded message or a packed array."""
+    return varint(number << 3 | _LENGTH) + varint(len(data)) + data
+
+
+def packed_field(number: int, values: Iterable[int]) -> bytes:
+    """A packed repeated varint field; omitted when empty."""
+    data = b"".join(varint(v) for v in values)
+    return bytes_field(number, data) if data else b""
+
+
+# --- the profile's tables ------------------------------------------------------------------
+
+
+@dataclass
+class _Mapping:
+    """One module's mapping: its id and the lowest and highest address seen in it."""
+
+    id: int
+    low: int
+    high: int
+
+
+@dataclass(frozen=True)
+class _SampleKey:
+    """What makes two samples one pprof Sample: the same stack and the same labels."""
+
+    locations: tuple[int, ...]
+    vcpu: int
+    process: str
+    mode: str
+
+
+class ProtoProfile:
+    """The tables of one profile.proto being assembled: strings, mappings, functions,
+    locations and samples (identical stacks with identical labels are merged)."""
+
+    def __init__(self, period_ns: int) -> None:
+        self.period_ns = period_ns
+        self.strings: dict[str, int] = {"": 0}
+        self.mappings: dict[str, _Mapping] = {}
+        self.functions: dict[tuple[str, str | None], int] = {}
+        self.locations: dict[tuple[int, str, str | None], tuple[int, int]] = {}
+        self.samples: Counter[_SampleKey] = Counter()
+
+    def string(self, text: str) -> int:
+        """The index of `text` in the string table, adding it if new."""
+        return self.strings.setdefault(text, len(self.strings))
+
+    def add(self, sample: Sample, frames: Sequence[Frame]) -> None:
+        """Count one sample whose counted frames (leaf first) are `frames`."""
+        locations = tuple(self.location(frame) for frame in frames)
+        self.samples[_SampleKey(locations, sample.vcpu, sample.label(), sample.mode.value)] += 1
+
+    def location(self, frame: Frame) -> int:
+        """The id of `frame`'s Location (one per address, function and module)."""
+        key = (frame.address.lookup_address, frame.label(), frame.module)
+        if key not in self.locations:
+            function = self.functions.setdefault(key[1:], len(self.functions) + 1)
+            self.locations[key] = (len(self.locations) + 1, function)
+        self._extend_mapping(frame)
+        return self.locations[key][0]
+
+    def _extend_mapping(self, frame: Frame) -> None:
+        if frame.module is None:
+            return
+        address = frame.address.lookup_address
+        mapping = self.mappings.setdefault(
+            frame.module, _Mapping(len(self.mappings) + 1, address, address)
+        )
+        mapping.low, mapping.high = min(mapping.low, address), max(mapping.high, address)
+
+    def encode(self, recording: Recording) -> bytes:
+        """The whole Profile message; the string table goes last, once every string is in."""
+        body = b"".join(
+            [
+                self._sample_types(),
+                *(self._sample(key, count) for key, count in self.samples.items()),
+                *(self._mapping(name, m) for name, m in self.mappings.items()),
+                *(self._location(key, ids) for key, ids in self.locations.items()),
+                *(self._function(key, fid) for key, fid in self.functions.items()),
+                self._header(recording),
+            ]
+        )
+        return body + b"".join(bytes_field(6, s.encode("utf-8", "replace")) for s in self.strings)
+
+    def _value_type(self, kind: str, unit: str) -> bytes:
+        return uint_field(1, self.string(kind)) + uint_field(2, self.string(unit))
+
+    def _sample_types(self) -> bytes:
+        return bytes_field(1, self._value_type("samples", "count")) + bytes_field(
+            1, self._value_type("cpu", "nanoseconds")
+        )
+
+    def _sample(self, key: _SampleKey, count: int) -> bytes:
+        labels = [
+            uint_field(1, self.string("vcpu"))
+            + uint_field(3, key.vcpu)
+            + uint_field(4, self.string(VCPU_UNIT)),
+            uint_field(1, self.string("process")) + uint_field(2, self.string(key.process)),
+            uint_field(1, self.string("mode")) + uint_field(2, self.string(key.mode)),
+        ]
+        message = packed_field(1, key.locations) + packed_field(2, [count, count * self.period_ns])
+        return bytes_field(2, message + b"".join(bytes_field(3, label) for label in labels))
+
+    def _mapping(self, name: str, mapping: _Mapping) -> bytes:
+        message = (
+            uint_field(1, mapping.id)
+            + uint_field(2, mapping.low)
+            + uint_field(3, mapping.high + 1)
+            + uint_field(5, self.string(name))
+            + uint_field(7, 1)  # has_functions: the names are already in, do not symbolize
+        )
+        return bytes_field(3, message)
+
+    def _location(self, key: tuple[int, str, str | None], ids: tuple[int, int]) -> bytes:
+        address, _, module = key
+        mapping = self.mappings[module].id if module is not None else 0
+        line = bytes_field(4, uint_field(1, ids[1]))
+        return bytes_field(
+            4, uint_field(1, ids[0]) + uint_field(2, mapping) + uint_field(3, address) + line
+        )
+
+    def _function(self, key: tuple[str, str | None], function_id: int) -> bytes:
+        name, module = self.string(key[0]), self.string(key[1] or "")
+        message = uint_field(1, function_id) + uint_field(2, name) + uint_field(3, name)
+        return bytes_field(5, message + uint_field(4, module))
+
+    def _header(self, recording: Recording) -> bytes:
+        comments = [recording.command_line] if recording.command_line else []
+        return b"".join(
+            [
+                uint_field(9, round(recording.started * 1e9)),
+                uint_field(10, round(recording.duration_s * 1e9)),
+                bytes_field(11, self._value_type("cpu", "nanoseconds")),
+                uint_field(12, self.period_ns),
+                packed_field(13, [self.string(c) for c in comments]),
+            ]
+        )
