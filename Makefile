@@ -26,8 +26,12 @@ unit: deps  ## unit tests only (no QEMU)
 integration: deps guest  ## integration tests only (boots the example guest)
 	$(BIN)/pytest -q tests/integration
 
-bench: deps guest  ## benchmarks (print ratios measured side by side; last line JSON)
+ACCEL ?= tcg
+bench: deps guest  ## benchmarks, TCG by default (ACCEL=kvm where KVM works); each ends with JSON
 	$(BIN)/python bench/unwind.py
+	$(BIN)/python bench/sample_cost.py --accel $(ACCEL)
+	$(BIN)/python bench/perturbation.py --accel $(ACCEL)
+	$(BIN)/python bench/max_rate.py --accel $(ACCEL)
 
 lint: deps  ## ruff (lint + format check) and mypy --strict
 	$(BIN)/ruff check qmpprof tests $(wildcard bench)
