@@ -26,7 +26,7 @@ def render_summary(profile: Profile, stats: RecordStats, console: Console, limit
 def render_profile(profile: Profile, console: Console, limit: int = 10) -> None:
     """Print the mode and process split, unsymbolized counts and the heaviest stacks."""
     console.print(Text(_modes_line(profile)), soft_wrap=True)
-    if len(profile.processes) > 1 or profile.unsymbolized:
+    if profile.processes:
         console.print(Text(_processes_line(profile)), soft_wrap=True)
     if profile.torn:
         console.print(
