@@ -3,11 +3,12 @@
 #
 #   boot.sh --qmp SOCKET [--gdb SOCKET] [--smp N] [--accel tcg|kvm|auto]
 #           [--serial LOG] [--variant fp] [--memory-backend PATH] [--timeout SEC]
+#           [--workload kernel|user]
 #   boot.sh stop PID
 #
 # On success prints, one per line on stdout:
 #   pid=<QEMU pid> kernel=<abs path of kernel.elf> qmp=<socket> gdb=<socket or empty>
-#   serial=<log> accel=<tcg|kvm>
+#   serial=<log> accel=<tcg|kvm> user_dir=<abs path of build/VARIANT/user>
 # Everything else (make output, diagnostics) goes to stderr.
 set -euo pipefail
 
@@ -24,7 +25,7 @@ die() {
 }
 
 usage() {   # usage EXIT_CODE
-    sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit "$1"
 }
 
@@ -62,7 +63,7 @@ if [[ ${1:-} == stop ]]; then
     exit 0
 fi
 
-qmp='' gdb='' smp=1 accel=auto serial='' variant=fp membackend='' timeout=30
+qmp='' gdb='' smp=1 accel=auto serial='' variant=fp membackend='' timeout=30 workload=kernel
 while [[ $# -gt 0 ]]; do
     case $1 in
         --qmp) qmp=${2:?--qmp needs a value}; shift 2 ;;
@@ -73,6 +74,7 @@ while [[ $# -gt 0 ]]; do
         --variant) variant=${2:?--variant needs a value}; shift 2 ;;
         --memory-backend) membackend=${2:?--memory-backend needs a value}; shift 2 ;;
         --timeout) timeout=${2:?--timeout needs a value}; shift 2 ;;
+        --workload) workload=${2:?--workload needs a value}; shift 2 ;;
         -h|--help) usage 0 ;;
         *) echo "boot.sh: unknown argument '$1'" >&2; usage 2 ;;
     esac
@@ -82,6 +84,7 @@ done
 [[ $timeout =~ ^[1-9][0-9]*$ ]] || die "--timeout must be a positive integer (seconds)"
 [[ $variant =~ ^[A-Za-z0-9_]+$ ]] || die "bad --variant '$variant'"
 case $accel in tcg|kvm|auto) ;; *) die "--accel must be tcg, kvm or auto" ;; esac
+case $workload in kernel|user) ;; *) die "--workload must be kernel or user" ;; esac
 command -v "$QEMU" >/dev/null || die "$QEMU not found"
 
 qmp=$(realpath -m -- "$qmp")
@@ -98,6 +101,7 @@ flock "$HERE/build/.make.lock" make -s -C "$HERE" VARIANT="$variant" >&2 ||
     die "build of variant '$variant' failed"
 kernel_elf="$HERE/build/$variant/kernel.elf"
 kernel_boot="$HERE/build/$variant/kernel.boot"
+user_dir="$HERE/build/$variant/user"
 [[ -f $kernel_elf && -f $kernel_boot ]] || die "build did not produce $kernel_elf"
 
 tmpdir=$(mktemp -d "${TMPDIR:-/tmp}/qmpprof-guest.XXXXXX")
@@ -204,7 +208,9 @@ if [[ $accel == auto ]]; then
     if probe_kvm; then accel=kvm; else accel=tcg; fi
 fi
 
-args=(-smp "$smp" -qmp "unix:$qmp,server=on,wait=off")
+# The workload is chosen on the multiboot command line (the KVM probe above
+# always runs the default kernel workload: it only measures the accelerator).
+args=(-smp "$smp" -append "workload=$workload" -qmp "unix:$qmp,server=on,wait=off")
 [[ -n $gdb ]] && args+=(-gdb "unix:$gdb,server=on,wait=off")
 if [[ -n $membackend ]]; then
     args+=(-object "memory-backend-file,id=mem,size=$MEMORY,mem-path=$membackend,share=on"
@@ -232,3 +238,4 @@ echo "qmp=$qmp"
 echo "gdb=$gdb"
 echo "serial=$serial"
 echo "accel=$accel"
+echo "user_dir=$user_dir"

@@ -1,5 +1,5 @@
 /* qmpprof example guest: IDT, 8259 PIC, 8253/8254 PIT, exception reporting. */
-#include "kernel.h"
+#include "proc.h"
 
 struct idt_entry {
     uint16_t offset_low;
@@ -22,16 +22,21 @@ extern const uint64_t exception_stub_table[32];
 void timer_irq_entry(void);
 void irq_ignore_entry(void);
 
-static void idt_set_gate(int vec, uint64_t handler)
+static void idt_set_gate_dpl(int vec, uint64_t handler, unsigned dpl)
 {
     struct idt_entry *e = &idt[vec];
     e->offset_low = (uint16_t)handler;
     e->selector = KERNEL_CS;
     e->ist = 0;
-    e->type_attr = 0x8e;            /* present, DPL 0, 64-bit interrupt gate */
+    e->type_attr = (uint8_t)(0x8e | (dpl << 5)); /* present, DPL, 64-bit interrupt gate */
     e->offset_mid = (uint16_t)(handler >> 16);
     e->offset_high = (uint32_t)(handler >> 32);
     e->reserved = 0;
+}
+
+static void idt_set_gate(int vec, uint64_t handler)
+{
+    idt_set_gate_dpl(vec, handler, 0);
 }
 
 void idt_init(void)
@@ -41,7 +46,15 @@ void idt_init(void)
     for (int v = 0x21; v < 0x30; v++)
         idt_set_gate(v, (uint64_t)irq_ignore_entry);
     idt_set_gate(TIMER_VECTOR, (uint64_t)timer_irq_entry);
+    /* user workload only (never raised in the kernel workload) */
+    idt_set_gate(RESCHED_VECTOR, (uint64_t)resched_irq_entry);
+    idt_set_gate(SPURIOUS_VECTOR, (uint64_t)irq_ignore_entry);
+    idt_set_gate_dpl(SYSCALL_VECTOR, (uint64_t)syscall_entry, 3);
+    idt_load();
+}
 
+void idt_load(void)
+{
     struct idt_ptr p = { sizeof(idt) - 1, (uint64_t)idt };
     __asm__ volatile("lidt %0" : : "m"(p));
 }
@@ -72,6 +85,16 @@ void exception_handler(struct exception_frame *f)
 {
     uint64_t cr2;
     __asm__ volatile("mov %%cr2, %0" : "=r"(cr2));
+    if ((f->cs & 3) == 3 && sched_running) {
+        /* user workload: a process faulted in ring 3, kill it */
+        struct process *p = cpu_current[cpu_id()];
+        spin_lock(&console_lock);
+        kprintf("\nqmpprof-guest: EXCEPTION in process %d (%s): vector=%lu error=%lx "
+                "rip=%lx rsp=%lx cr2=%lx\n", p ? p->pid : -1, p ? p->name : "?",
+                f->vector, f->error_code, f->rip, f->rsp, cr2);
+        spin_unlock(&console_lock);
+        sys_exit((uint64_t)-1);
+    }
     kprintf("\nqmpprof-guest: EXCEPTION vector=%lu error=%lx rip=%lx rsp=%lx "
             "rbp=%lx cr2=%lx\n",
             f->vector, f->error_code, f->rip, f->rsp, f->rbp, cr2);

@@ -54,7 +54,9 @@
     .code64
 
 /* ------------------------------------------------------------------ */
-/* Timer (PIT IRQ0, vector 0x20). */
+/* Timer (vector 0x20): PIT IRQ0 in the kernel workload; in the user
+ * workload the LAPIC timer of every CPU (the C handler sends the LAPIC EOI;
+ * the 8259 is masked, so the PIC EOI below is a no-op there). */
     .globl timer_irq_entry
     .type timer_irq_entry, @function
 timer_irq_entry:
@@ -105,6 +107,94 @@ irq_ignore_entry:
     iretq
     .cfi_endproc
     .size irq_ignore_entry, . - irq_ignore_entry
+
+/* ------------------------------------------------------------------ */
+/*
+ * System calls (user workload): `int $0x80` from ring 3, IDT gate with DPL 3
+ * (interrupt gate: interrupts stay off during the call). Number in rax,
+ * arguments in rdi and rsi, result in rax; every other register is
+ * preserved. Same frame and CFI as timer_irq_entry: the CPU switched to
+ * TSS.RSP0 (the process's kernel stack) and pushed the user SS, RSP, RFLAGS,
+ * CS, RIP, so the unwinder goes syscall_dispatch -> syscall_entry -> the user
+ * function that executed `int $0x80` (RIP = the instruction after it).
+ */
+    .globl syscall_entry
+    .type syscall_entry, @function
+syscall_entry:
+    .cfi_startproc simple
+    .cfi_signal_frame
+    .cfi_def_cfa %rsp, 40            /* hardware frame: RIP CS RFLAGS RSP SS */
+    .cfi_offset %rip, -40
+    .cfi_offset %rsp, -16
+    pushq %rbp
+    .cfi_adjust_cfa_offset 8
+    .cfi_offset %rbp, -48
+    movq %rsp, %rbp
+    .cfi_def_cfa_register %rbp       /* CFA = rbp + 48 from here on */
+    SAVE_SCRATCH 48
+    subq $8, %rsp                    /* 16-byte alignment for the call */
+    cld
+    movq %rsi, %rdx                  /* syscall_dispatch(nr, a1, a2) */
+    movq %rdi, %rsi
+    movq %rax, %rdi
+    call syscall_dispatch
+    movq %rax, -8(%rbp)              /* result replaces the saved rax */
+    addq $8, %rsp
+    RESTORE_SCRATCH
+    .cfi_restore %rax
+    .cfi_restore %rcx
+    .cfi_restore %rdx
+    .cfi_restore %rsi
+    .cfi_restore %rdi
+    .cfi_restore %r8
+    .cfi_restore %r9
+    .cfi_restore %r10
+    .cfi_restore %r11
+    popq %rbp
+    .cfi_def_cfa %rsp, 40
+    .cfi_restore %rbp
+    iretq
+    .cfi_endproc
+    .size syscall_entry, . - syscall_entry
+
+/* ------------------------------------------------------------------ */
+/* Reschedule IPI (user workload, RESCHED_VECTOR): sent to an idle CPU when
+ * a process wakes up. The C handler sends the LAPIC EOI itself (before it
+ * may switch to another context). Same frame and CFI as timer_irq_entry. */
+    .globl resched_irq_entry
+    .type resched_irq_entry, @function
+resched_irq_entry:
+    .cfi_startproc simple
+    .cfi_signal_frame
+    .cfi_def_cfa %rsp, 40
+    .cfi_offset %rip, -40
+    .cfi_offset %rsp, -16
+    pushq %rbp
+    .cfi_adjust_cfa_offset 8
+    .cfi_offset %rbp, -48
+    movq %rsp, %rbp
+    .cfi_def_cfa_register %rbp
+    SAVE_SCRATCH 48
+    subq $8, %rsp
+    cld
+    call resched_interrupt_handler
+    addq $8, %rsp
+    RESTORE_SCRATCH
+    .cfi_restore %rax
+    .cfi_restore %rcx
+    .cfi_restore %rdx
+    .cfi_restore %rsi
+    .cfi_restore %rdi
+    .cfi_restore %r8
+    .cfi_restore %r9
+    .cfi_restore %r10
+    .cfi_restore %r11
+    popq %rbp
+    .cfi_def_cfa %rsp, 40
+    .cfi_restore %rbp
+    iretq
+    .cfi_endproc
+    .size resched_irq_entry, . - resched_irq_entry
 
 /* ------------------------------------------------------------------ */
 /* CPU exceptions 0-31: report on serial and stop (exception_handler). */
