@@ -254,7 +254,16 @@ def _add_top_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_dump_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--show-addresses", action="store_true", help="print frame addresses")
+    parser.add_argument(
+        "--show-addresses",
+        action="store_true",
+        help="print frame addresses (always on; kept for the original profiler's users)",
+    )
+    parser.add_argument(
+        "--lines",
+        action="store_true",
+        help="file:line of each frame from DWARF line tables, and inlined calls",
+    )
 
 
 def _target_options(args: argparse.Namespace) -> TargetOptions:
@@ -319,7 +328,7 @@ def _top_options(args: argparse.Namespace) -> TopOptions:
 
 
 def _dump_options(args: argparse.Namespace) -> DumpOptions:
-    return DumpOptions(_target_options(args), as_json=args.json, show_addresses=args.show_addresses)
+    return DumpOptions(_target_options(args), as_json=args.json, lines=args.lines)
 
 
 def _positive_int(text: str) -> int:

@@ -40,6 +40,12 @@ def build_analyzer(options: TargetOptions) -> Analyzer:
     return Analyzer(kernel, users, _adapter(options.kernel), options.unwind, options.max_depth)
 
 
+def module_paths(analyzer: Analyzer) -> dict[str, Path]:
+    """The ELF file of each module, by the name frames carry (the file name)."""
+    modules = [analyzer.kernel, *analyzer.users.values()]
+    return {m.symbols.name: m.path for m in modules if m is not None}
+
+
 def _adapter(kernel: Path | None) -> OsAdapter:
     """The OS adapter the kernel ELF calls for; the generic one when none applies."""
     if kernel is not None and (example := ExampleGuestAdapter.from_kernel(kernel)) is not None:

@@ -6,10 +6,11 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
-from qmpprof.commands.common import TargetOptions, build_analyzer, connected
+from qmpprof.commands.common import TargetOptions, build_analyzer, connected, module_paths
 from qmpprof.errors import KernelMismatch
 from qmpprof.output.dump import dump_json, dump_text
 from qmpprof.symbols.coverage import KernelCoverage
+from qmpprof.symbols.lines import SourceLookup
 from qmpprof.target.qmp import paused
 
 
@@ -17,7 +18,7 @@ from qmpprof.target.qmp import paused
 class DumpOptions:
     target: TargetOptions
     as_json: bool = False
-    show_addresses: bool = False
+    lines: bool = False
 
 
 async def run_dump(options: DumpOptions, out: Console) -> None:
@@ -26,10 +27,11 @@ async def run_dump(options: DumpOptions, out: Console) -> None:
     async with connected(options.target, analyzer) as (session, _, capturer), paused(session):
         raws = await capturer.capture()
     samples = [analyzer.analyze(raw) for raw in raws]
+    sources = SourceLookup(module_paths(analyzer)) if options.lines else None
     if options.as_json:
-        out.out(dump_json(samples), highlight=False)
+        out.out(dump_json(samples, sources), highlight=False)
     else:
-        out.out(dump_text(samples, options.show_addresses), highlight=False, end="")
+        out.out(dump_text(samples, sources), highlight=False, end="")
     coverage = KernelCoverage(min_samples=1)
     for sample in samples:
         coverage.add(sample)
