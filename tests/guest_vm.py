@@ -21,6 +21,7 @@ class Guest:
     qmp: str
     gdb: str
     serial: str
+    user_dir: Path | None = None
 
     def qmp_call(self, command: str, arguments: dict[str, object] | None = None) -> object:
         """One QMP command over a fresh connection (qmpprof must not be connected)."""
@@ -64,8 +65,14 @@ def boot_guest(workdir: Path, *extra: str) -> Guest:
     if done.returncode != 0:
         raise RuntimeError(f"boot.sh failed: {done.stderr.strip()}")
     values = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    user_dir = Path(values["user_dir"]) if values.get("user_dir") else None
     return Guest(
-        int(values["pid"]), Path(values["kernel"]), values["qmp"], values["gdb"], values["serial"]
+        int(values["pid"]),
+        Path(values["kernel"]),
+        values["qmp"],
+        values["gdb"],
+        values["serial"],
+        user_dir,
     )
 
 
