@@ -34,6 +34,7 @@ class GdbMi:
         self._lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         self.command("-gdb-set mi-async on")
+        self.command("-gdb-set confirm off")
         self.command(f"-file-exec-and-symbols {elf}")
         self.command(f"-target-select remote {gdb_socket}", done="^connected")
 
@@ -74,6 +75,19 @@ class GdbMi:
             for line in output
             for level, address, function in _FRAME.findall(line)
         ]
+
+    def console(self, command: str) -> list[str]:
+        """A CLI command through MI (quotes in `command` must be escaped by the caller)."""
+        return self.command(f'-interpreter-exec console "{command}"')
+
+    def evaluate(self, expression: str, thread: int) -> str | None:
+        """The value of `expression` in `thread`, as GDB prints it; None on error."""
+        try:
+            output = self.command(f"-data-evaluate-expression --thread {thread} {expression}")
+        except RuntimeError:
+            return None
+        done = next(line for line in output if line.startswith("^done"))
+        return done.split('value="', 1)[1].rsplit('"', 1)[0]
 
     def close(self) -> None:
         """Quit GDB; detaching lets the VM run again."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -138,3 +139,82 @@ def test_nofp_guest_agrees_with_gdb_through_cfi(gdb_guest: tuple[Guest, GdbMi]) 
     print(tallies["fp"].report("nofp guest, --unwind fp (frame pointers alone)"))
     assert tallies["auto"].in_interrupt > 0, "no pause landed in the timer interrupt"
     assert tallies["auto"].agreement >= REQUIRED_AGREEMENT
+
+
+@pytest.fixture
+def user_gdb_guest(workdir: Path) -> Iterator[tuple[Guest, GdbMi]]:
+    guest = boot_guest(
+        workdir,
+        "--gdb",
+        str(workdir / "gdb.sock"),
+        "--accel",
+        "tcg",
+        "--workload",
+        "user",
+        "--smp",
+        "2",
+    )
+    gdb = GdbMi(guest.kernel, guest.gdb)
+    try:
+        yield guest, gdb
+    finally:
+        gdb.close()
+        stop_guest(guest)
+
+
+def gdb_frames_with_process(gdb: GdbMi, guest: Guest, vcpu: int) -> list[GdbFrame]:
+    """GDB's frames of one vCPU, with the symbols of the program `cpu_current` names."""
+    thread = vcpu + 1
+    value = gdb.evaluate(f"cpu_current[{vcpu}]->name", thread) or ""
+    quoted = re.match(r'^\\"([^\\]*)', value)  # GDB prints "crunch", '\000' <repeats …>
+    name = quoted.group(1) if quoted else None
+    program = guest.user_dir / f"{name}.elf" if guest.user_dir and name else None
+    if program is None or not program.exists():
+        return gdb.frames(thread)
+    gdb.console(f"add-symbol-file {program}")
+    try:
+        return gdb.frames(thread)
+    finally:
+        gdb.console(f"remove-symbol-file {program}")
+
+
+def dump_vcpus(guest: Guest) -> list[dict[str, object]]:
+    assert guest.user_dir is not None
+    done = run_qmpprof(
+        "dump",
+        "--json",
+        "--qmp-socket",
+        guest.qmp,
+        "--kernel",
+        str(guest.kernel),
+        "--user-dir",
+        str(guest.user_dir),
+    )
+    assert done.returncode == 0, done.stderr
+    vcpus: list[dict[str, object]] = json.loads(done.stdout)["vcpus"]
+    return vcpus
+
+
+def test_user_workload_on_two_vcpus_agrees_with_gdb(
+    user_gdb_guest: tuple[Guest, GdbMi],
+) -> None:
+    guest, gdb = user_gdb_guest
+    pauses = int(os.environ.get("QMPPROF_GDB_PAUSES", "200"))
+    seed = random.randrange(1 << 32)
+    print(f"\nrandom pauses with seed {seed}")
+    rng = random.Random(seed)
+    tallies: dict[str, Tally] = {mode: Tally() for mode in ("user", "kernel", "idle")}
+    for _ in range(pauses):
+        pause_randomly(gdb, rng)
+        for vcpu in dump_vcpus(guest):
+            frames = vcpu["frames"]
+            assert isinstance(frames, list)
+            ours = [(int(f["address"], 16), f["function"]) for f in frames]
+            expected = gdb_frames_with_process(gdb, guest, int(str(vcpu["vcpu"])))
+            tallies[str(vcpu["mode"])].add(expected, ours)
+        assert guest.status() == "paused"
+    for mode, tally in tallies.items():
+        print(tally.report(f"user workload, {mode} samples"))
+    assert tallies["user"].pauses > 0 and tallies["kernel"].pauses > 0
+    assert tallies["user"].agreement >= REQUIRED_AGREEMENT
+    assert tallies["kernel"].agreement >= REQUIRED_AGREEMENT
