@@ -1,25 +1,31 @@
 #!/usr/bin/env bash
-# `make demo`: boot the example guest, profile it for 10 s, write demo/, print the
-# hottest stacks, stop the guest. Run from the repository root with qmpprof on PATH.
+# `make demo`: boot the example guest, profile it for 10 s, write demo/ (folded stacks and
+# an SVG flame graph), print the hottest stacks, stop the guest. Run from the repository
+# root with qmpprof on PATH. WORKLOAD=user profiles the guest's processes on two vCPUs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DURATION=${DURATION:-10}
 ACCEL=${ACCEL:-auto}
+WORKLOAD=${WORKLOAD:-kernel}
 out=demo
 mkdir -p "$out"
 rm -f "$out/qmp.sock"
 
-echo "booting the example guest (accel=$ACCEL)..."
+boot=(--qmp "$out/qmp.sock" --serial "$out/serial.log" --accel "$ACCEL" --workload "$WORKLOAD")
+[[ $WORKLOAD == user ]] && boot+=(--smp 2)
+echo "booting the example guest (accel=$ACCEL, workload=$WORKLOAD)..."
 declare -A guest
 while IFS='=' read -r key value; do
     guest[$key]=$value
-done < <(examples/guest/boot.sh --qmp "$out/qmp.sock" --serial "$out/serial.log" --accel "$ACCEL")
+done < <(examples/guest/boot.sh "${boot[@]}")
 trap 'examples/guest/boot.sh stop "${guest[pid]}"' EXIT
 echo "guest running under ${guest[accel]} (QEMU pid ${guest[pid]}); profiling for $DURATION s..."
 
 qmpprof record --qmp-socket "${guest[qmp]}" --kernel "${guest[kernel]}" \
-    --duration "$DURATION" -o "$out/profile.folded"
+    --user-dir "${guest[user_dir]}" --duration "$DURATION" \
+    -o "$out/profile.folded" -o "$out/flamegraph.svg"
 
 echo
-echo "folded stacks: $out/profile.folded (open it in https://www.speedscope.app or feed it to flamegraph.pl)"
+echo "open $out/flamegraph.svg in a browser; $out/profile.folded works with speedscope,"
+echo "flamegraph.pl and inferno."
