@@ -12,18 +12,22 @@ out=demo
 mkdir -p "$out"
 rm -f "$out/qmp.sock"
 
-boot=(--qmp "$out/qmp.sock" --serial "$out/serial.log" --accel "$ACCEL" --workload "$WORKLOAD")
+# Guest RAM in a shared file: qmpprof maps it and reads stacks without asking QEMU.
+ram=/dev/shm/qmpprof-demo-$$.ram
+boot=(--qmp "$out/qmp.sock" --serial "$out/serial.log" --accel "$ACCEL" --workload "$WORKLOAD"
+      --memory-backend "$ram")
 [[ $WORKLOAD == user ]] && boot+=(--smp 2)
+trap 'rm -f "$ram"' EXIT
 echo "booting the example guest (accel=$ACCEL, workload=$WORKLOAD)..."
 declare -A guest
 while IFS='=' read -r key value; do
     guest[$key]=$value
 done < <(examples/guest/boot.sh "${boot[@]}")
-trap 'examples/guest/boot.sh stop "${guest[pid]}"' EXIT
+trap 'examples/guest/boot.sh stop "${guest[pid]}"; rm -f "$ram"' EXIT
 echo "guest running under ${guest[accel]} (QEMU pid ${guest[pid]}); profiling for $DURATION s..."
 
 qmpprof record --qmp-socket "${guest[qmp]}" --kernel "${guest[kernel]}" \
-    --user-dir "${guest[user_dir]}" --duration "$DURATION" \
+    --user-dir "${guest[user_dir]}" --mem-path "$ram" --duration "$DURATION" \
     -o "$out/profile.folded" -o "$out/flamegraph.svg"
 
 echo
