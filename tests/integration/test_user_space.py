@@ -71,11 +71,14 @@ def test_processes_chains_and_user_stacks(user_guest: Guest, tmp_path: Path) -> 
             processes[frames[0]] += count
             assert frames[1] == "_start", f"user stack does not reach _start: {frames}"
         if frames[0].startswith("crunch") and len(frames) > 3:
-            chains[frames[3]] += count
+            # A few samples catch crunch between chunks (usys_sleep): not a chain of its own.
+            chains[frames[3] if frames[3] in CRUNCH_CHAINS else "other"] += count
     print(f"\nprocess shares {shares(processes)}\ncrunch chain shares {shares(chains)}")
     for name, share in shares(processes).items():
         assert abs(share - PROCESS_SHARES[name]) < TOLERANCE, (name, share)
-    for name, share in shares(chains).items():
+    chain_shares = shares(chains)
+    assert chain_shares.pop("other", 0.0) < 0.05
+    for name, share in chain_shares.items():
         assert abs(share - CRUNCH_CHAINS[name]) < CHAIN_TOLERANCE, (name, share)
 
 
