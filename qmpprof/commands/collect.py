@@ -29,14 +29,13 @@ class Collector:
         self.coverage = KernelCoverage()
         self._captures = captures or []
 
-    def add_raw(self, raws: list[RawSample]) -> None:
-        """Analyse one tick's raw samples."""
-        for raw in raws:
-            stack = self.analyzer.unwind(raw)
-            process = self.analyzer.process(raw)
-            for capture in self._captures:
-                capture.add(CapturedSample(raw, stack, process))
-            self.add(self.analyzer.symbolize(raw, stack, process))
+    def add_raw(self, raw: RawSample) -> None:
+        """Analyse one raw sample."""
+        stack = self.analyzer.unwind(raw)
+        process = self.analyzer.process(raw)
+        for capture in self._captures:
+            capture.add(CapturedSample(raw, stack, process))
+        self.add(self.analyzer.symbolize(raw, stack, process))
 
     def add(self, sample: Sample) -> None:
         self.profile.add(sample)

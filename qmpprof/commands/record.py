@@ -21,6 +21,7 @@ from qmpprof.output.progress import RecordProgress
 from qmpprof.output.summary import render_summary
 from qmpprof.output.writers import Format
 from qmpprof.profile import Profile, Scope
+from qmpprof.record.backlog import Backlog
 from qmpprof.record.capfile import CaptureWriter
 from qmpprof.record.sampler import LoopConfig, RecordStats, sample_loop
 
@@ -65,10 +66,12 @@ async def _record(
     stop: asyncio.Event,
     err: Console,
 ) -> RecordStats:
-    def on_samples(raws: list[RawSample]) -> None:
-        collector.add_raw(raws)
+    def analyse(raw: RawSample) -> None:
+        collector.add_raw(raw)
         if collector.coverage.mismatched:
             stop.set()
+
+    backlog = Backlog(analyse)
 
     loop_config = LoopConfig(
         period_s=options.period_s, duration_s=options.duration_s, nonblocking=options.nonblocking
@@ -76,9 +79,17 @@ async def _record(
     async with connected(options.target, collector.analyzer) as (session, memory, capturer):
         _announce(options, collector, _describe(memory), err)
         with stop_on_signals(stop), RecordProgress(err, options.duration_s) as progress:
-            return await sample_loop(
-                session, capturer, loop_config, stop, on_samples, progress.update
+            stats = await sample_loop(
+                session,
+                capturer,
+                loop_config,
+                stop,
+                backlog.add,
+                progress.update,
+                backlog.work_until,
             )
+    backlog.work_until(None)
+    return stats
 
 
 def _describe(memory: object) -> str:

@@ -49,6 +49,8 @@ class LoopConfig:
 
 SampleSink = Callable[[list[RawSample]], None]
 ProgressSink = Callable[[RecordStats], None]
+#: Called with the time the next tick is due: work that may wait should stop before it.
+IdleWork = Callable[[float], None]
 
 
 async def sample_loop(
@@ -58,11 +60,13 @@ async def sample_loop(
     stop: asyncio.Event,
     on_samples: SampleSink,
     on_progress: ProgressSink | None = None,
+    on_idle: IdleWork | None = None,
 ) -> RecordStats:
     """Sample until `config.duration_s` passes, `stop` is set or QEMU goes away.
 
     Never raises for QEMU exiting or failing commands: the stats say how it ended.
-    Samples reach `on_samples` after the VM has been resumed.
+    Samples reach `on_samples` after the VM has been resumed; `on_idle` gets the time
+    left before each tick (for analysis that must not delay sampling).
     """
     stats = RecordStats()
     start = time.monotonic()
@@ -71,6 +75,8 @@ async def sample_loop(
     while stats.ended_by is None:
         slot = schedule.next_slot(time.monotonic())
         stats.missed += slot.missed
+        if on_idle is not None:
+            on_idle(slot.deadline)
         if _past_end(config, start, slot.deadline) or await _wait_until(slot.deadline, stop):
             break
         stats.requested += slot.missed + 1
