@@ -14,6 +14,19 @@ from qmpprof.errors import MemoryFault
 from qmpprof.memory import MemoryReader
 from qmpprof.unwind.dwarf_expr import Expression, UnsupportedExpression, evaluate
 
+#: Index = DWARF register number.
+DWARF_REGISTER_NAMES = (
+    "rax",
+    "rdx",
+    "rcx",
+    "rbx",
+    "rsi",
+    "rdi",
+    "rbp",
+    "rsp",
+    *(f"r{n}" for n in range(8, 16)),
+    "rip",
+)
 RSP = 7
 RBP = 6
 RIP = 16

@@ -16,20 +16,7 @@ from qmpprof.memory import MemoryReader
 from qmpprof.model import FrameAddress, FrameKind, Recovery, RegisterSet, StopReason, UnwoundStack
 from qmpprof.unwind.dwarf_expr import UnsupportedExpression
 from qmpprof.unwind.framepointer import DEFAULT_MAX_DEPTH, frame_pointer_step, leaf_return_slot
-from qmpprof.unwind.rules import RBP, REGISTER_COUNT, RIP, RSP, UnwindRow
-
-_DWARF_NAMES = (
-    "rax",
-    "rdx",
-    "rcx",
-    "rbx",
-    "rsi",
-    "rdi",
-    "rbp",
-    "rsp",
-    *(f"r{n}" for n in range(8, 16)),
-    "rip",
-)
+from qmpprof.unwind.rules import DWARF_REGISTER_NAMES, RBP, REGISTER_COUNT, RIP, RSP, UnwindRow
 
 
 class Strategy(Enum):
@@ -52,7 +39,7 @@ class _Stop(Exception):
 
 def dwarf_registers(registers: RegisterSet) -> list[int | None]:
     """The vCPU's registers indexed by DWARF register number."""
-    return [registers.general.get(name) for name in _DWARF_NAMES]
+    return [registers.general.get(name) for name in DWARF_REGISTER_NAMES]
 
 
 def unwind(

@@ -15,23 +15,7 @@ from qmpprof.unwind.cfi import load_cfi
 from qmpprof.unwind.dwarf_expr import Op, evaluate
 from tests.unit.conftest import build_elf
 
-DWARF_NUMBERS = {
-    name: n
-    for n, name in enumerate(
-        (
-            "rax",
-            "rdx",
-            "rcx",
-            "rbx",
-            "rsi",
-            "rdi",
-            "rbp",
-            "rsp",
-            *(f"r{n}" for n in range(8, 16)),
-            "ra",
-        )
-    )
-}
+DWARF_NUMBERS = {name: n for n, name in enumerate((*r.DWARF_REGISTER_NAMES[:16], "ra"))}
 _FDE = re.compile(r"FDE cie=\w+ pc=([0-9a-f]+)\.\.([0-9a-f]+)")
 
 

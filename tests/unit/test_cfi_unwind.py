@@ -13,20 +13,10 @@ from qmpprof.memory import WindowMemory
 from qmpprof.model import MemoryWindow
 from qmpprof.symbols.image import load_code
 from qmpprof.unwind.cfi import load_cfi
+from qmpprof.unwind.rules import DWARF_REGISTER_NAMES
 from qmpprof.unwind.unwinder import Strategy, unwind
 
-NAMES = (
-    "rax",
-    "rdx",
-    "rcx",
-    "rbx",
-    "rsi",
-    "rdi",
-    "rbp",
-    "rsp",
-    *(f"r{n}" for n in range(8, 16)),
-    "rip",
-)
+NAMES = DWARF_REGISTER_NAMES
 
 
 def unwind_stop(stop: dict[str, object], elf: Path, strategy: Strategy) -> list[int]:
