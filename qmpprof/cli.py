@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(_with_default_command(arguments))
     out, err = Console(highlight=False), Console(stderr=True, highlight=False)
     try:
-        if args.command == "dump" or getattr(args, "one_shot", False):
+        if args.command == "dump":
             asyncio.run(run_dump(_dump_options(args), out))
         elif args.command == "report":
             run_report(_report_options(args), out)
@@ -53,7 +53,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _with_default_command(argv: list[str]) -> list[str]:
-    """`record` is the default: `qmpprof --qmp-socket S` means `qmpprof record --qmp-socket S`."""
+    """`record` is the default: `qmpprof --qmp-socket S` means `qmpprof record --qmp-socket S`;
+    `--one-shot` anywhere means `dump`."""
+    if "--one-shot" in argv:  # the original QMP profiler's spelling of `dump`
+        return ["dump", *(a for a in argv if a not in ("--one-shot", "record", "dump"))]
     if argv and (argv[0] in COMMANDS or argv[0] in ("-h", "--help", "--version")):
         return argv
     return ["record", *argv]
@@ -122,7 +125,6 @@ def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="LIST",
         help="only these vCPUs, e.g. 0,2 (default all)",
     )
-    add("--one-shot", action="store_true", help="same as the dump command")
 
 
 def _add_binary_arguments(parser: argparse.ArgumentParser) -> None:

@@ -86,3 +86,8 @@ def test_bad_flag_value_is_a_usage_error() -> None:
     done = qmpprof("--rate", "-5")
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
+
+
+def test_one_shot_is_dump_and_fails_cleanly(short_dir: Path) -> None:
+    done = qmpprof("--one-shot", "--json", "--qmp-socket", str(short_dir / "nope"))
+    assert_one_line_error(done, "no such file")
