@@ -57,3 +57,7 @@ class UsageError(QmpprofError):
 
 class KernelMismatch(QmpprofError):
     """The --kernel ELF names few of the PCs the guest runs at: probably the wrong file."""
+
+
+class OutputError(QmpprofError):
+    """An output file cannot be written."""

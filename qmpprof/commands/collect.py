@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from rich.console import Console
 
 from qmpprof.analysis import Analyzer
+from qmpprof.errors import OutputError
 from qmpprof.model import RawSample, Recording, Sample
 from qmpprof.output.writers import Format, write_profile
 from qmpprof.profile import Profile
 from qmpprof.record.capfile import CapturedSample, CaptureWriter
 from qmpprof.symbols.coverage import KernelCoverage
+
+
+def check_writable(paths: list[Path]) -> None:
+    """Fail before recording, not after, when an output file cannot be created."""
+    for path in paths:
+        directory = path.parent
+        if not directory.is_dir():
+            raise OutputError(f"cannot write {path}: no directory {directory}")
+        if not os.access(directory, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+            raise OutputError(f"cannot write {path}: permission denied")
 
 
 class Collector:
@@ -43,9 +55,14 @@ class Collector:
         self.coverage.add(sample)
 
     def write(self, fmt: Format, recording: Recording, path: Path, out: Console) -> None:
-        """Write the output file (a capture file is already written) and say so."""
+        """Write the output file (a capture file is already written) and say so.
+
+        Raises OutputError when the file cannot be written."""
         if fmt is not Format.QMPCAP:
-            write_profile(fmt, self.samples, self.profile, recording, path)
+            try:
+                write_profile(fmt, self.samples, self.profile, recording, path)
+            except OSError as err:
+                raise OutputError(f"cannot write {path}: {err.strerror or err}") from err
         what = (
             f"{len(self.samples)} samples"
             if fmt is Format.QMPCAP

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from rich.console import Console
 
 from qmpprof.commands.common import TargetOptions, build_analyzer, connected, module_paths
-from qmpprof.errors import KernelMismatch
+from qmpprof.errors import KernelMismatch, UsageError
 from qmpprof.output.dump import dump_json, dump_text
 from qmpprof.symbols.coverage import KernelCoverage
 from qmpprof.symbols.lines import SourceLookup
@@ -26,6 +26,8 @@ async def run_dump(options: DumpOptions, out: Console) -> None:
     analyzer = build_analyzer(options.target)
     async with connected(options.target, analyzer) as (session, _, capturer), paused(session):
         raws = await capturer.capture()
+    if not raws:
+        raise UsageError(f"no vCPU {', '.join(map(str, options.target.cpus))} in this guest")
     samples = [analyzer.analyze(raw) for raw in raws]
     sources = SourceLookup(module_paths(analyzer)) if options.lines else None
     if options.as_json:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from qmpprof.commands.collect import Collector
+from qmpprof.commands.collect import Collector, check_writable
 from qmpprof.commands.common import TargetOptions, build_analyzer, connected
 from qmpprof.errors import KernelMismatch
 from qmpprof.model import RawSample, Recording
@@ -44,6 +44,7 @@ async def run_record(options: RecordOptions, out: Console, err: Console) -> None
 
     Raises QmpprofError for setup failures, and KernelMismatch after writing.
     """
+    check_writable([path for path, _ in options.outputs])
     analyzer = build_analyzer(options.target)
     stop = asyncio.Event()
     recording = _recording(options, time.time(), 0.0)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from qmpprof.commands.collect import Collector
+from qmpprof.commands.collect import Collector, check_writable
 from qmpprof.commands.common import TargetOptions, build_analyzer
 from qmpprof.errors import UsageError
 from qmpprof.output.summary import render_profile
@@ -34,6 +34,7 @@ def run_report(options: ReportOptions, out: Console) -> None:
     """
     if any(fmt is Format.QMPCAP for _, fmt in options.outputs):
         raise UsageError("report writes profiles; the capture file is its input")
+    check_writable([path for path, _ in options.outputs])
     recording, captured = read_capture(options.capture)
     target = options.target
     if target.kernel is None and recording.kernel and Path(recording.kernel).exists():

@@ -91,3 +91,8 @@ def test_bad_flag_value_is_a_usage_error() -> None:
 def test_one_shot_is_dump_and_fails_cleanly(short_dir: Path) -> None:
     done = qmpprof("--one-shot", "--json", "--qmp-socket", str(short_dir / "nope"))
     assert_one_line_error(done, "no such file")
+
+
+def test_an_output_that_cannot_be_written_fails_before_recording(short_dir: Path) -> None:
+    done = qmpprof("--qmp-socket", str(short_dir / "nope"), "-o", str(short_dir / "no" / "x.svg"))
+    assert_one_line_error(done, "no directory")
