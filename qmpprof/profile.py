@@ -61,6 +61,9 @@ class Profile:
     unsymbolized: Counter[str] = field(default_factory=Counter)
     filtered: int = 0
     torn: int = 0
+    #: Samples whose analysis failed (a bug, reported in the summary instead of a crash).
+    unanalysed: int = 0
+    last_error: str | None = None
 
     def add(self, sample: Sample) -> None:
         self.modes[sample.mode] += 1

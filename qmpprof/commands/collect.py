@@ -42,7 +42,14 @@ class Collector:
         self._captures = captures or []
 
     def add_raw(self, raw: RawSample) -> None:
-        """Analyse one raw sample."""
+        """Analyse one raw sample; one that cannot be analysed is counted, not raised."""
+        try:
+            self._analyse(raw)
+        except Exception as err:  # a bad sample is data: it must not lose the profile
+            self.profile.unanalysed += 1
+            self.profile.last_error = f"{type(err).__name__}: {err}"
+
+    def _analyse(self, raw: RawSample) -> None:
         stack = self.analyzer.unwind(raw)
         process = self.analyzer.process(raw)
         for capture in self._captures:

@@ -16,6 +16,8 @@ SHOWN_FRAMES = 8
 def render_summary(profile: Profile, stats: RecordStats, console: Console, limit: int = 10) -> None:
     """Print what was recorded and the `limit` heaviest stacks with percentages."""
     console.print(Text(_counts_line(stats)), soft_wrap=True)
+    if stats.failed and stats.last_error:
+        console.print(Text(f"last failure: {stats.last_error}"), soft_wrap=True)
     if stats.ended_by:
         console.print(
             Text(f"recording ended early: {stats.ended_by}"), style="yellow", soft_wrap=True
@@ -28,6 +30,15 @@ def render_profile(profile: Profile, console: Console, limit: int = 10) -> None:
     console.print(Text(_modes_line(profile)), soft_wrap=True)
     if profile.processes:
         console.print(Text(_processes_line(profile)), soft_wrap=True)
+    if profile.unanalysed:
+        console.print(
+            Text(
+                f"samples that could not be analysed: {profile.unanalysed} "
+                f"(last: {profile.last_error})"
+            ),
+            style="yellow",
+            soft_wrap=True,
+        )
     if profile.torn:
         console.print(
             Text(

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from qmpprof.errors import CommandFailed, RegisterParseError, TargetGone
+from qmpprof.errors import TargetGone
 from qmpprof.model import RawSample
 from qmpprof.record.capture import Capturer
 from qmpprof.record.schedule import Schedule
@@ -106,7 +106,9 @@ async def _one_tick(
     except TargetGone:
         stats.ended_by = "QEMU exited"
         return failures
-    except (CommandFailed, RegisterParseError) as err:
+    except Exception as err:
+        # A failed command, or a bug while analysing one sample's memory needs: the tick
+        # is lost, the recording and everything collected so far are not.
         stats.failed += 1
         stats.last_error = str(err)
         if failures + 1 >= MAX_CONSECUTIVE_FAILURES:
