@@ -50,7 +50,8 @@ class TopStats:
         if self.process_filter is not None and name != self.process_filter:
             return
         self.modes[sample.mode] += 1
-        self.vcpus[sample.vcpu] += 1
+        # busy samples per vCPU (a vCPU seen only idle still shows, at 0 %)
+        self.vcpus[sample.vcpu] += sample.mode is not Mode.IDLE
         if not self._shown(sample.mode):
             return
         self.processes[sample.label()] += 1

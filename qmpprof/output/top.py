@@ -92,7 +92,7 @@ def _modes(stats: TopStats) -> str:
 
 def _vcpus(stats: TopStats) -> str:
     ticks = stats.ticks or 1
-    cpus = " ".join(f"vCPU{n} {100 * c / ticks:.0f}%" for n, c in sorted(stats.vcpus.items()))
+    cpus = " ".join(f"vCPU{n} busy {100 * c / ticks:.0f}%" for n, c in sorted(stats.vcpus.items()))
     top = ", ".join(
         f"{label} {stats.percent(c):.0f}%" for label, c in stats.processes.most_common(3)
     )
