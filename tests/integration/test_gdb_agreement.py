@@ -162,20 +162,32 @@ def user_gdb_guest(workdir: Path) -> Iterator[tuple[Guest, GdbMi]]:
         stop_guest(guest)
 
 
-def gdb_frames_with_process(gdb: GdbMi, guest: Guest, vcpu: int) -> list[GdbFrame]:
-    """GDB's frames of one vCPU, with the symbols of the program `cpu_current` names."""
+def program_names(gdb: GdbMi) -> dict[int, str]:
+    """Address space (CR3) -> program name, from the guest's process table as GDB reads it.
+
+    The address space decides which binary is mapped; `cpu_current` can already name
+    the next process while a CPU is in the middle of switching to it."""
+    names = {}
+    for slot in range(8):
+        cr3 = gdb.evaluate(f"process_table[{slot}].cr3", 1)
+        value = gdb.evaluate(f"process_table[{slot}].name", 1) or ""
+        quoted = re.match(r'^\\"([^\\]*)', value)  # "crunch", '\000' <repeats …>
+        if cr3 and cr3 != "0" and quoted and quoted.group(1):
+            names[int(cr3) & ~0xFFF] = quoted.group(1)
+    return names
+
+
+def gdb_frames_in(gdb: GdbMi, guest: Guest, vcpu: int, program: str | None) -> list[GdbFrame]:
+    """GDB's frames of one vCPU, with the symbols of `program` loaded if it is given."""
     thread = vcpu + 1
-    value = gdb.evaluate(f"cpu_current[{vcpu}]->name", thread) or ""
-    quoted = re.match(r'^\\"([^\\]*)', value)  # GDB prints "crunch", '\000' <repeats …>
-    name = quoted.group(1) if quoted else None
-    program = guest.user_dir / f"{name}.elf" if guest.user_dir and name else None
-    if program is None or not program.exists():
+    path = guest.user_dir / f"{program}.elf" if guest.user_dir and program else None
+    if path is None or not path.exists():
         return gdb.frames(thread)
-    gdb.console(f"add-symbol-file {program}")
+    gdb.console(f"add-symbol-file {path}")
     try:
         return gdb.frames(thread)
     finally:
-        gdb.console(f"remove-symbol-file {program}")
+        gdb.console(f"remove-symbol-file {path}")
 
 
 def dump_vcpus(guest: Guest) -> list[dict[str, object]]:
@@ -204,13 +216,16 @@ def test_user_workload_on_two_vcpus_agrees_with_gdb(
     print(f"\nrandom pauses with seed {seed}")
     rng = random.Random(seed)
     tallies: dict[str, Tally] = {mode: Tally() for mode in ("user", "kernel", "idle")}
+    programs: dict[int, str] = {}
     for _ in range(pauses):
         pause_randomly(gdb, rng)
+        programs = programs or program_names(gdb)
         for vcpu in dump_vcpus(guest):
             frames = vcpu["frames"]
             assert isinstance(frames, list)
             ours = [(int(f["address"], 16), f["function"]) for f in frames]
-            expected = gdb_frames_with_process(gdb, guest, int(str(vcpu["vcpu"])))
+            program = programs.get(int(str(vcpu["cr3"]), 16))
+            expected = gdb_frames_in(gdb, guest, int(str(vcpu["vcpu"])), program)
             tallies[str(vcpu["mode"])].add(expected, ours)
         assert guest.status() == "paused"
     for mode, tally in tallies.items():
