@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.guest_vm import Guest, boot_guest, stop_guest
 
-__all__ = ["Guest", "boot_guest", "run_qmpprof", "stop_guest"]
+__all__ = ["Guest", "boot_guest", "dump_json", "record_folded", "run_qmpprof", "stop_guest"]
 
 
 @pytest.fixture
@@ -38,3 +40,36 @@ def run_qmpprof(*args: str, timeout: float = 120) -> subprocess.CompletedProcess
     return subprocess.run(
         [sys.executable, "-m", "qmpprof", *args], capture_output=True, text=True, timeout=timeout
     )
+
+
+def dump_json(guest: Guest, *extra: str) -> list[dict[str, Any]]:
+    """The vCPUs of `qmpprof dump --json` against `guest` (with its kernel)."""
+    done = run_qmpprof(
+        "dump", "--json", "--qmp-socket", guest.qmp, "--kernel", str(guest.kernel), *extra
+    )
+    assert done.returncode == 0, done.stderr
+    vcpus: list[dict[str, Any]] = json.loads(done.stdout)["vcpus"]
+    return vcpus
+
+
+def record_folded(
+    guest: Guest, output: Path, seconds: int, *extra: str
+) -> tuple[str, list[tuple[list[str], int]]]:
+    """Record `guest` into folded stacks: (qmpprof's stdout, [(frames root first, count)])."""
+    done = run_qmpprof(
+        "--qmp-socket",
+        guest.qmp,
+        "--kernel",
+        str(guest.kernel),
+        "--duration",
+        str(seconds),
+        "-o",
+        str(output),
+        *extra,
+    )
+    assert done.returncode == 0, done.stderr
+    stacks = []
+    for line in output.read_text().splitlines():
+        frames, count = line.rsplit(" ", 1)
+        stacks.append((frames.split(";"), int(count)))
+    return done.stdout, stacks

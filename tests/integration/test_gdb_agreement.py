@@ -8,7 +8,6 @@ for comparison, with frame pointers alone.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Guest, boot_guest, run_qmpprof, stop_guest
+from tests.integration.conftest import Guest, boot_guest, dump_json, stop_guest
 from tests.integration.gdb_mi import GdbFrame, GdbMi
 
 REQUIRED_AGREEMENT = 0.99
@@ -84,19 +83,8 @@ def gdb_guest(request: pytest.FixtureRequest, workdir: Path) -> Iterator[tuple[G
 
 
 def qmpprof_frames(guest: Guest, unwind: str) -> Frames:
-    done = run_qmpprof(
-        "dump",
-        "--json",
-        "--qmp-socket",
-        guest.qmp,
-        "--kernel",
-        str(guest.kernel),
-        "--unwind",
-        unwind,
-    )
-    assert done.returncode == 0, done.stderr
-    vcpu = json.loads(done.stdout)["vcpus"][0]
-    return [(int(f["address"], 16), f["function"]) for f in vcpu["frames"]]
+    frames = dump_json(guest, "--unwind", unwind)[0]["frames"]
+    return [(int(f["address"], 16), f["function"]) for f in frames]
 
 
 def pause_randomly(gdb: GdbMi, rng: random.Random) -> list[GdbFrame]:
@@ -190,23 +178,6 @@ def gdb_frames_in(gdb: GdbMi, guest: Guest, vcpu: int, program: str | None) -> l
         gdb.console(f"remove-symbol-file {path}")
 
 
-def dump_vcpus(guest: Guest) -> list[dict[str, object]]:
-    assert guest.user_dir is not None
-    done = run_qmpprof(
-        "dump",
-        "--json",
-        "--qmp-socket",
-        guest.qmp,
-        "--kernel",
-        str(guest.kernel),
-        "--user-dir",
-        str(guest.user_dir),
-    )
-    assert done.returncode == 0, done.stderr
-    vcpus: list[dict[str, object]] = json.loads(done.stdout)["vcpus"]
-    return vcpus
-
-
 def test_user_workload_on_two_vcpus_agrees_with_gdb(
     user_gdb_guest: tuple[Guest, GdbMi],
 ) -> None:
@@ -220,7 +191,7 @@ def test_user_workload_on_two_vcpus_agrees_with_gdb(
     for _ in range(pauses):
         pause_randomly(gdb, rng)
         programs = programs or program_names(gdb)
-        for vcpu in dump_vcpus(guest):
+        for vcpu in dump_json(guest, "--user-dir", str(guest.user_dir)):
             frames = vcpu["frames"]
             assert isinstance(frames, list)
             ours = [(int(f["address"], 16), f["function"]) for f in frames]

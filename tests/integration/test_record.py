@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.integration.conftest import Guest, run_qmpprof
+from tests.integration.conftest import Guest, record_folded
 
 #: The guest's documented chains (examples/guest/README.md), heaviest first, root first.
 CHAINS = [
@@ -29,24 +29,13 @@ def folded(path: Path) -> list[tuple[str, int]]:
 
 
 def test_ten_seconds_give_the_documented_chains_in_order(guest: Guest, workdir: Path) -> None:
-    output = workdir / "p.folded"
-    done = run_qmpprof(
-        "--qmp-socket",
-        guest.qmp,
-        "--kernel",
-        str(guest.kernel),
-        "--duration",
-        "10",
-        "-o",
-        str(output),
-    )
-    assert done.returncode == 0, done.stderr
-    ticks = _TICKS.search(done.stdout)
-    assert ticks is not None, done.stdout
+    out, recorded = record_folded(guest, workdir / "p.folded", 10)
+    ticks = _TICKS.search(out)
+    assert ticks is not None, out
     assert int(ticks.group(1)) >= 0.9 * 10 * 99
-    stacks = [(stack.split(";", 1), count) for stack, count in folded(output)]
-    assert [frames for (_, frames), _ in stacks[:3]] == CHAINS
-    assert all(frames.split(";")[0] == ENTRY for (_, frames), _ in stacks)
+    stacks = [(frames[0], ";".join(frames[1:])) for frames, _ in recorded]
+    assert [chain for _, chain in stacks[:3]] == CHAINS
+    assert all(chain.split(";")[0] == ENTRY for _, chain in stacks)
     assert guest.status() == "running"
 
 

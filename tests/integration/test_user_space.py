@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.guest_vm import Guest, boot_guest, stop_guest
-from tests.integration.conftest import run_qmpprof
+from tests.integration.conftest import record_folded
 from tests.unit.conftest import build_elf
 
 #: examples/guest/README.md: crunch 30 % of one CPU each, pulse 10 %, so of the time
@@ -36,23 +36,7 @@ def user_guest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guest]:
 
 
 def record(guest: Guest, output: Path, *extra: str) -> tuple[str, list[tuple[list[str], int]]]:
-    done = run_qmpprof(
-        "--qmp-socket",
-        guest.qmp,
-        "--kernel",
-        str(guest.kernel),
-        "--duration",
-        "10",
-        "-o",
-        str(output),
-        *extra,
-    )
-    assert done.returncode == 0, done.stderr
-    stacks = []
-    for line in output.read_text().splitlines():
-        frames, count = line.rsplit(" ", 1)
-        stacks.append((frames.split(";"), int(count)))
-    return done.stdout, stacks
+    return record_folded(guest, output, 10, *extra)
 
 
 def shares(counts: Counter[str]) -> dict[str, float]:
