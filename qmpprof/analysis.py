@@ -56,6 +56,17 @@ class AddressSpace:
     def read_u64(self, address: int) -> int:
         return int.from_bytes(self.read(address, 8), "little")
 
+    def is_return_site(self, address: int) -> bool | None:
+        """Whether `address` can be a return address: in the code of the module that covers
+        its half of the address space, right after a call. None when no module is known."""
+        if self._module(address) is None:
+            return None
+        try:
+            self.read(address - 1, 1)
+        except MemoryFault:
+            return False  # a known module's half, but not its code: garbage or torn
+        return follows_call(self, address)
+
 
 class Analyzer:
     """Unwinds, symbolizes and labels raw samples with one kernel and its user binaries."""
@@ -133,7 +144,7 @@ class Analyzer:
             fault_address=stack.fault_address,
             unsymbolized=self._why_unsymbolized(raw, mode, frames[0].function),
             torn=any(
-                f.kind is FrameKind.RETURN and follows_call(space, f.address) is False
+                f.kind is FrameKind.RETURN and space.is_return_site(f.address) is False
                 for f in stack.frames
             ),
         )

@@ -46,7 +46,8 @@ def shares(counts: Counter[str]) -> dict[str, float]:
 
 def test_processes_chains_and_user_stacks(user_guest: Guest, tmp_path: Path) -> None:
     assert user_guest.user_dir is not None
-    _, stacks = record(user_guest, tmp_path / "p.folded", "--user-dir", str(user_guest.user_dir))
+    out, stacks = record(user_guest, tmp_path / "p.folded", "--user-dir", str(user_guest.user_dir))
+    assert "torn" not in out  # every return address follows a call in stop mode
     assert all(not frames[0].startswith("cr3:") for frames, _ in stacks), "unlabelled samples"
     processes: Counter[str] = Counter()
     chains: Counter[str] = Counter()
