@@ -49,9 +49,9 @@ def render(stats: TopStats, record: RecordStats, state: ViewState, title: str) -
     if state.help:
         return Text(HELP_TEXT)
     parts: list[RenderableType] = [
-        Text(_header(record, title)),
-        Text(_modes(stats)),
-        Text(_vcpus(stats)),
+        Text(_header(record, title), no_wrap=True, overflow="ellipsis"),
+        Text(_modes(stats), no_wrap=True, overflow="ellipsis"),
+        Text(_vcpus(stats), no_wrap=True, overflow="ellipsis"),
         _table(stats, state),
         Text(KEYS_HELP + ("  [display paused]" if state.paused else ""), style="dim"),
     ]
@@ -69,9 +69,10 @@ def plain_snapshot(stats: TopStats, record: RecordStats, state: ViewState, title
 
 def _header(record: RecordStats, title: str) -> str:
     paused = 100 * record.paused_s / record.elapsed_s if record.elapsed_s else 0.0
+    # The figures first: a long socket path is what gets cut in a narrow terminal.
     return (
-        f"qmpprof top — {title}  {record.rate_hz:.1f} samples/s  late {record.late}  "
-        f"failed {record.failed}  VM paused {paused:.1f}%"
+        f"{record.rate_hz:.1f} samples/s  late {record.late}  failed {record.failed}  "
+        f"VM paused {paused:.1f}%  — qmpprof top {title}"
     )
 
 
