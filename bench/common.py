@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 from qmpprof.analysis import Analyzer
 from qmpprof.model import RawSample
-from qmpprof.record.capture import CaptureConfig, Capturer
+from qmpprof.modules import load_module
+from qmpprof.record.capture import DEFAULT_STACK_BYTES, CaptureConfig, Capturer
+from qmpprof.record.sampler import LoopConfig, RecordStats, sample_loop
 from qmpprof.target.memory import open_memory
 from qmpprof.target.qmp import QmpSession, paused
 from tests.guest_vm import Guest, boot_guest, stop_guest
@@ -26,21 +29,44 @@ def booted_guest(*boot_args: str) -> Iterator[Guest]:
             stop_guest(guest)
 
 
-async def capture_samples(
-    qmp: str, count: int, stack_bytes: int, analyzer: Analyzer
-) -> list[RawSample]:
-    """`count` raw samples taken back to back (the VM paused for each)."""
-    session = await QmpSession.connect(qmp)
-    memory = await open_memory(session, "auto")
-    capturer = Capturer(session, memory, analyzer, CaptureConfig(stack_bytes=stack_bytes))
-    samples: list[RawSample] = []
+@asynccontextmanager
+async def sampling_session(
+    guest: Guest,
+    memory: str = "direct",
+    mem_path: Path | None = None,
+    stack_bytes: int = DEFAULT_STACK_BYTES,
+) -> AsyncIterator[tuple[QmpSession, Analyzer, Capturer]]:
+    """A QMP session, an analyzer with the guest's kernel and a capturer over them."""
+    session = await QmpSession.connect(guest.qmp)
+    backend = await open_memory(session, memory, str(mem_path) if mem_path else None)
+    analyzer = Analyzer(load_module(guest.kernel))
     try:
+        yield session, analyzer, Capturer(session, backend, analyzer, CaptureConfig(stack_bytes))
+    finally:
+        await backend.close()
+        await session.close()
+
+
+async def sample_for(guest: Guest, ram: Path, hz: float, mode: str, seconds: float) -> RecordStats:
+    """qmpprof's sampling loop, with every sample analysed, for `seconds` at `hz`."""
+    config = LoopConfig(period_s=1 / hz, duration_s=seconds, nonblocking=mode == "nonblocking")
+    async with sampling_session(guest, mem_path=ram) as (session, analyzer, capturer):
+        return await sample_loop(
+            session,
+            capturer,
+            config,
+            asyncio.Event(),
+            lambda raws: [analyzer.analyze(raw) for raw in raws],
+        )
+
+
+async def capture_samples(guest: Guest, count: int, stack_bytes: int) -> list[RawSample]:
+    """`count` raw samples taken back to back (the VM paused for each)."""
+    samples: list[RawSample] = []
+    async with sampling_session(guest, "auto", stack_bytes=stack_bytes) as (session, _, capturer):
         while len(samples) < count:
             async with paused(session):
                 samples += await capturer.capture()
-    finally:
-        await memory.close()
-        await session.close()
     return samples
 
 

@@ -16,37 +16,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import booted_with_ram_file
-from qmpprof.analysis import Analyzer
-from qmpprof.modules import load_module
-from qmpprof.record.capture import CaptureConfig, Capturer
-from qmpprof.record.sampler import LoopConfig, sample_loop
-from qmpprof.target.memory import open_memory
-from qmpprof.target.qmp import QmpSession
+from bench.common import booted_with_ram_file, sample_for
 from tests.guest_vm import Guest
 
 ON_TIME = 0.95
 
 
 async def on_time_fraction(guest: Guest, ram: Path, hz: float, mode: str, seconds: float) -> float:
-    session = await QmpSession.connect(guest.qmp)
-    memory = await open_memory(session, "direct", str(ram))
-    analyzer = Analyzer(load_module(guest.kernel))
-    capturer = Capturer(session, memory, analyzer, CaptureConfig())
-    config = LoopConfig(period_s=1 / hz, duration_s=seconds, nonblocking=mode == "nonblocking")
-    try:
-        stats = await sample_loop(
-            session,
-            capturer,
-            config,
-            asyncio.Event(),
-            lambda raws: [analyzer.analyze(r) for r in raws],
-        )
-    finally:
-        await memory.close()
-        await session.close()
-    requested = max(stats.requested, 1)
-    return (stats.ticks - stats.late) / requested
+    stats = await sample_for(guest, ram, hz, mode, seconds)
+    return (stats.ticks - stats.late) / max(stats.requested, 1)
 
 
 def max_rate(guest: Guest, ram: Path, mode: str, seconds: float) -> float:

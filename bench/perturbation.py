@@ -18,13 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ProgressCounter, booted_with_ram_file
-from qmpprof.analysis import Analyzer
-from qmpprof.modules import load_module
-from qmpprof.record.capture import CaptureConfig, Capturer
-from qmpprof.record.sampler import LoopConfig, sample_loop
-from qmpprof.target.memory import open_memory
-from qmpprof.target.qmp import QmpSession
+from bench.common import ProgressCounter, booted_with_ram_file, sample_for
 from tests.guest_vm import Guest
 
 MODES = [(100, "stop"), (100, "nonblocking"), (1000, "stop"), (1000, "nonblocking")]
@@ -39,24 +33,9 @@ def unprofiled_rate(counter: ProgressCounter, seconds: float) -> float:
 async def profiled_rate(
     guest: Guest, ram: Path, counter: ProgressCounter, hz: int, mode: str, seconds: float
 ) -> float:
-    session = await QmpSession.connect(guest.qmp)
-    memory = await open_memory(session, "direct", str(ram))
-    analyzer = Analyzer(load_module(guest.kernel))
-    capturer = Capturer(session, memory, analyzer, CaptureConfig())
-    config = LoopConfig(period_s=1 / hz, duration_s=seconds, nonblocking=mode == "nonblocking")
-    try:
-        start, started = counter.read(), time.monotonic()
-        await sample_loop(
-            session,
-            capturer,
-            config,
-            asyncio.Event(),
-            lambda raws: [analyzer.analyze(r) for r in raws],
-        )
-        return (counter.read() - start) / (time.monotonic() - started)
-    finally:
-        await memory.close()
-        await session.close()
+    start, started = counter.read(), time.monotonic()
+    await sample_for(guest, ram, hz, mode, seconds)
+    return (counter.read() - start) / (time.monotonic() - started)
 
 
 def main() -> None:

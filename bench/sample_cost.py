@@ -26,12 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import booted_with_ram_file, median
-from qmpprof.analysis import Analyzer
-from qmpprof.modules import load_module
-from qmpprof.record.capture import CaptureConfig, Capturer
-from qmpprof.target.memory import open_memory
-from qmpprof.target.qmp import QmpSession, paused
+from bench.common import booted_with_ram_file, median, sampling_session
+from qmpprof.target.qmp import paused
 from qmpprof.target.registers import parse_all
 from tests.guest_vm import Guest
 
@@ -115,29 +111,22 @@ async def qmpprof_ms(
     guest: Guest, ram: Path, count: int, nonblocking: bool
 ) -> tuple[list[float], list[float]]:
     """(sampling-path times, analysis times): the recorder analyses between ticks."""
-    session = await QmpSession.connect(guest.qmp)
-    memory = await open_memory(session, "direct", str(ram))
-    analyzer = Analyzer(load_module(guest.kernel))
-    capturer = Capturer(session, memory, analyzer, CaptureConfig())
     analysis: list[float] = []
+    async with sampling_session(guest, mem_path=ram) as (session, analyzer, capturer):
 
-    async def once() -> None:
-        if nonblocking:
-            raws = await capturer.capture()
-        else:
-            async with paused(session):
+        async def once() -> None:
+            if nonblocking:
                 raws = await capturer.capture()
-        started = time.perf_counter()
-        for raw in raws:
-            analyzer.analyze(raw)
-        analysis.append(time.perf_counter() - started)
+            else:
+                async with paused(session):
+                    raws = await capturer.capture()
+            started = time.perf_counter()
+            for raw in raws:
+                analyzer.analyze(raw)
+            analysis.append(time.perf_counter() - started)
 
-    try:
         totals = await timed_async(count, once)
-        return [t - a for t, a in zip(totals, analysis, strict=True)], analysis
-    finally:
-        await memory.close()
-        await session.close()
+    return [t - a for t, a in zip(totals, analysis, strict=True)], analysis
 
 
 async def timed_async(count: int, once: Callable[[], Awaitable[None]]) -> list[float]:

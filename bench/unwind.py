@@ -24,10 +24,8 @@ from elftools.elf.elffile import ELFFile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import booted_guest, capture_samples
-from qmpprof.analysis import Analyzer
 from qmpprof.memory import MemoryReader, WindowMemory
 from qmpprof.model import RawSample
-from qmpprof.modules import load_module
 from qmpprof.unwind.cfi import load_cfi
 from qmpprof.unwind.rules import RIP, RSP
 from qmpprof.unwind.unwinder import Strategy, dwarf_registers, unwind
@@ -119,8 +117,7 @@ def main() -> None:
     args = parser.parse_args()
     with booted_guest("--variant", "nofp", "--accel", "tcg") as guest:
         started = time.perf_counter()
-        analyzer = Analyzer(load_module(guest.kernel))
-        samples = asyncio.run(capture_samples(guest.qmp, args.samples, 2048, analyzer))
+        samples = asyncio.run(capture_samples(guest, args.samples, 2048))
         print(f"captured {len(samples)} samples in {time.perf_counter() - started:.1f} s")
         kernel = guest.kernel
     samples = [s for s in samples if s.windows]
