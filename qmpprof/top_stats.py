@@ -40,12 +40,11 @@ class TopStats:
     own: Counter[tuple[str, str]] = field(default_factory=Counter)
     total: Counter[tuple[str, str]] = field(default_factory=Counter)
 
-    def add_tick(self, samples: list[Sample]) -> None:
+    def count_tick(self) -> None:
+        """One sampling instant (its samples may be added later, with `add`)."""
         self.ticks += 1
-        for sample in samples:
-            self._add(sample)
 
-    def _add(self, sample: Sample) -> None:
+    def add(self, sample: Sample) -> None:
         name = sample.process.name if sample.process is not None else None
         if self.process_filter is not None and name != self.process_filter:
             return

@@ -18,6 +18,7 @@ from qmpprof.commands.common import TargetOptions, build_analyzer, connected
 from qmpprof.commands.record import stop_on_signals
 from qmpprof.model import RawSample
 from qmpprof.output.top import ViewState, plain_snapshot, render
+from qmpprof.record.backlog import Backlog
 from qmpprof.record.sampler import LoopConfig, RecordStats, sample_loop
 from qmpprof.top_stats import SortKey, TopStats
 
@@ -40,8 +41,12 @@ async def run_top(options: TopOptions, out: Console) -> None:
     stop = asyncio.Event()
     record = RecordStats()
 
+    # As in record: analysis waits for the time between ticks and never delays one.
+    backlog = Backlog(lambda raw: stats.add(analyzer.analyze(raw)))
+
     def on_samples(raws: list[RawSample]) -> None:
-        stats.add_tick([analyzer.analyze(raw) for raw in raws])
+        stats.count_tick()
+        backlog.add(raws)
 
     def on_progress(latest: RecordStats) -> None:
         nonlocal record
@@ -52,7 +57,9 @@ async def run_top(options: TopOptions, out: Console) -> None:
     async with connected(options.target, analyzer) as (session, _, capturer):
         with stop_on_signals(stop), _keys(out, state, stats, stop):
             sampler = asyncio.create_task(
-                sample_loop(session, capturer, config, stop, on_samples, on_progress)
+                sample_loop(
+                    session, capturer, config, stop, on_samples, on_progress, backlog.work_until
+                )
             )
             await _display(out, options, stats, lambda: record, state, title, stop)
             await sampler
