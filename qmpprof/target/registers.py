@@ -12,8 +12,8 @@ import re
 from qmpprof.errors import RegisterParseError
 from qmpprof.model import RegisterSet
 
-_CPU_HEADER = re.compile(r"^CPU#(\d+)\s*$", re.MULTILINE)
-_ASSIGNMENT = re.compile(r"\b([A-Z][A-Z0-9]*)\s*=\s*([0-9a-fA-F]+)\b")
+_CPU_HEADER = re.compile(r"CPU#(\d+)[ \t\r]*(?:\n|$)")
+_ASSIGNMENT = re.compile(r"([A-Z][A-Z0-9]*) *= *([0-9a-fA-F]+)\b")
 _SEGMENT = re.compile(r"^CS\s*=([0-9a-f]+) ([0-9a-f]+) ([0-9a-f]+) ([0-9a-f]+)", re.MULTILINE)
 
 _GENERAL = {
@@ -62,7 +62,7 @@ def parse_all(text: str) -> list[RegisterSet]:
 def parse_one(text: str, vcpu: int) -> RegisterSet:
     """Parse the registers of one vCPU (the text of one `CPU#n` block)."""
     values = _assignments(text)
-    general = {name: values[key] for key, name in _GENERAL.items() if key in values}
+    general = {name: int(values[key], 16) for key, name in _GENERAL.items() if key in values}
     missing = [name for name in _REQUIRED if name not in general]
     if missing:
         raise RegisterParseError(f"vCPU {vcpu}: no {', '.join(missing)} in register dump")
@@ -71,24 +71,29 @@ def parse_one(text: str, vcpu: int) -> RegisterSet:
         vcpu=vcpu,
         general=general,
         cs=cs_selector,
-        cpl=values.get("CPL", cs_selector & 3),
-        halted=values.get("HLT", 0) == 1,
-        bits=_code_width(cs_flags, values.get("CR0", 0)),
-        cr0=values.get("CR0", 0),
-        cr3=values.get("CR3", 0),
-        cr4=values.get("CR4", 0),
-        efer=values.get("EFER", 0),
+        cpl=_hex(values, "CPL") if "CPL" in values else cs_selector & 3,
+        halted=values.get("HLT") == "1",
+        bits=_code_width(cs_flags, _hex(values, "CR0")),
+        cr0=_hex(values, "CR0"),
+        cr3=_hex(values, "CR3"),
+        cr4=_hex(values, "CR4"),
+        efer=_hex(values, "EFER"),
     )
 
 
-def _assignments(text: str) -> dict[str, int]:
-    values: dict[str, int] = {}
-    for line in text.splitlines():
-        if line.startswith(("FPR", "XMM", "YMM", "ZMM", "DR")):
-            continue
-        for key, value in _ASSIGNMENT.findall(line):
-            values.setdefault(key, int(value, 16))
-    return values
+def _assignments(text: str) -> dict[str, str]:
+    """Every `NAME=hex` before the FPU state (the first one of a name wins).
+
+    The FPU and vector registers are half of the text and none of them is needed;
+    skipping them matters at a thousand samples a second.
+    """
+    fpu = text.find("\nFCW=")
+    head = text if fpu < 0 else text[:fpu]
+    return dict(reversed(_ASSIGNMENT.findall(head)))
+
+
+def _hex(values: dict[str, str], key: str) -> int:
+    return int(values.get(key, "0"), 16)
 
 
 def _code_segment(text: str, vcpu: int) -> tuple[int, int]:
