@@ -68,6 +68,10 @@ class AddressSpace:
         return follows_call(self, address)
 
 
+#: Capture-time unwinds kept for the analysis of the same RawSample (see missing_address).
+MAX_REMEMBERED = 4096
+
+
 class Analyzer:
     """Unwinds, symbolizes and labels raw samples with one kernel and its user binaries."""
 
@@ -85,6 +89,7 @@ class Analyzer:
         self.strategy = strategy
         self.max_depth = max_depth
         self._spaces: dict[str | None, AddressSpace] = {}
+        self._remembered: dict[int, tuple[RawSample, UnwoundStack, Process | None]] = {}
 
     @property
     def has_symbols(self) -> bool:
@@ -114,19 +119,32 @@ class Analyzer:
             return None
 
     def missing_address(self, raw: RawSample) -> int | None:
-        """An address this sample's unwind or process lookup needs and its windows lack."""
+        """An address this sample's unwind or process lookup needs and its windows lack.
+
+        When nothing is missing, the unwind and process are remembered for `analyze`
+        of this same RawSample, so a capture does not cost two unwinds.
+        """
         stack = self.unwind(raw)
         if stack.stop is StopReason.FAULT and stack.fault_address is not None:
             return stack.fault_address
         try:
-            self.adapter.process(raw.registers, WindowMemory(raw.windows))
+            process = self.adapter.process(raw.registers, WindowMemory(raw.windows))
         except MemoryFault as fault:
             return fault.address
+        self._remember(raw, stack, process)
         return None
 
     def analyze(self, raw: RawSample) -> Sample:
         """Unwind, symbolize and label one vCPU's capture."""
+        remembered = self._remembered.pop(id(raw), None)
+        if remembered is not None and remembered[0] is raw:
+            return self.symbolize(raw, remembered[1], remembered[2])
         return self.symbolize(raw, self.unwind(raw), self.process(raw))
+
+    def _remember(self, raw: RawSample, stack: UnwoundStack, process: Process | None) -> None:
+        if len(self._remembered) >= MAX_REMEMBERED:  # samples never analysed: drop the oldest
+            del self._remembered[next(iter(self._remembered))]
+        self._remembered[id(raw)] = (raw, stack, process)
 
     def symbolize(self, raw: RawSample, stack: UnwoundStack, process: Process | None) -> Sample:
         """The Sample for an unwound stack of `raw` (a replay passes the recorded stack)."""
