@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from qmpprof.target.qmp import QmpSession, paused
 
 #: This many failed ticks in a row means QEMU is stuck, not unlucky.
 MAX_CONSECUTIVE_FAILURES = 5
+#: asyncio's epoll selector sleeps in whole milliseconds, rounded up.
+EPOLL_RESOLUTION_S = 0.001
 
 
 @dataclass
@@ -150,11 +153,17 @@ def _past_end(config: LoopConfig, start: float, deadline: float) -> bool:
 
 
 async def _wait_until(deadline: float, stop: asyncio.Event) -> bool:
-    """Sleep until `deadline` unless `stop` is set first; returns whether it was."""
-    delay = deadline - time.monotonic()
-    if delay > 0:
-        try:
-            await asyncio.wait_for(stop.wait(), delay)
-        except TimeoutError:
-            return False
+    """Sleep until `deadline` unless `stop` is set first; returns whether it was.
+
+    The event loop's epoll waits whole milliseconds, rounded up: at hundreds of Hz
+    that alone makes ticks late. So the loop sleeps until a millisecond before the
+    deadline and a plain sleep (nanosecond timer) covers the rest.
+    """
+    coarse = deadline - time.monotonic() - EPOLL_RESOLUTION_S
+    if coarse > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), coarse)
+    fine = deadline - time.monotonic()
+    if fine > 0 and not stop.is_set():
+        time.sleep(fine)  # QMP events and Ctrl-C wait at most this millisecond
     return stop.is_set()
