@@ -122,7 +122,8 @@ async def open_memory(session: QmpSession, kind: str, mem_path: str | None = Non
     if kind == "hmp":
         return HmpMemory(session)
     if kind in ("direct", "auto"):
-        from qmpprof.target.direct import DirectMemoryUnavailable, open_direct
+        from qmpprof.target.direct import open_direct
+        from qmpprof.target.ram_layout import DirectMemoryUnavailable
 
         try:
             return await open_direct(session, mem_path)

@@ -22,22 +22,17 @@ from qmpprof.model import RegisterSet
 from qmpprof.paging import PagingMode, PagingState
 from qmpprof.target.direct import (
     DirectMemory,
-    DirectMemoryUnavailable,
-    RamRange,
     SegmentedMemory,
     _connect_for_pid,
     open_direct,
-    parse_flat_ram,
-    parse_gpa2hva,
-    parse_ramblocks,
     qemu_pid,
 )
 from qmpprof.target.memory import MemsaveMemory, as_qmp_int64
 from qmpprof.target.qmp import QmpSession
+from qmpprof.target.ram_layout import DirectMemoryUnavailable
 from qmpprof.target.registers import parse_all
 from tests.integration.conftest import Guest, boot_guest, stop_guest
 
-DATA = Path(__file__).parents[1] / "unit" / "data"
 SYMBOLS = ("kernel_main", "workload_progress", "cpu_current")
 #: Addresses the example guest maps nowhere: the user half's top, and the kernel half
 #: beyond its 1 GiB mapping at 0xffffffff80000000.
@@ -183,41 +178,6 @@ async def test_a_file_qemu_does_not_use_is_refused(guest: Guest) -> None:
         os.unlink(other)
 
 
-# ---- saved QEMU 7.2 output (no guest needed) ----
-
-
-def test_flat_ram_of_the_example_guest_with_a_memory_backend() -> None:
-    ranges = parse_flat_ram((DATA / "mtree_f_memory_backend_128m.txt").read_text())
-    assert ranges == [
-        RamRange(0x0, 0xA0000, "mem", 0x0),
-        RamRange(0xC0000, 0x8000000 - 0xC0000, "mem", 0xC0000),  # PAM pieces merged
-        RamRange(0xFD000000, 0x1000000, "vga.vram", 0x0),
-        RamRange(0xFFFC0000, 0x40000, "pc.bios", 0x0),
-    ]
-
-
-def test_flat_ram_above_4g_continues_the_block_after_the_pci_hole() -> None:
-    q35 = parse_flat_ram((DATA / "mtree_f_q35_5g.txt").read_text())
-    assert RamRange(0x1_0000_0000, 0xC000_0000, "mem", 0x8000_0000) in q35
-    assert RamRange(0x10_0000, 0x7FF0_0000, "mem", 0x10_0000) in q35
-    kvm = parse_flat_ram((DATA / "mtree_f_pc_kvm_5g.txt").read_text())  # " KVM" suffixes
-    assert [(r.start, r.region, r.offset) for r in kvm] == [
-        (0x0, "pc.ram", 0x0),
-        (0xC0000, "pc.rom", 0x0),
-        (0xE0000, "pc.bios", 0x20000),
-        (0x100000, "pc.ram", 0x100000),
-        (0xFFFC0000, "pc.bios", 0x0),
-        (0x1_0000_0000, "pc.ram", 0xC000_0000),
-    ]
-
-
-def test_ramblocks() -> None:
-    blocks = parse_ramblocks((DATA / "ramblock_pc_kvm_5g.txt").read_text())
-    assert len(blocks) == 9
-    assert (blocks[0].name, blocks[0].used) == ("pc.ram", 0x1_4000_0000)
-    assert blocks[1].name == "0000:00:02.0/vga.vram"
-
-
 async def test_direct_memory_needs_the_ticks_registers() -> None:
     direct = DirectMemory(SegmentedMemory([]))
     with pytest.raises(LookupError, match="vCPU 0"):
@@ -225,14 +185,3 @@ async def test_direct_memory_needs_the_ticks_registers() -> None:
     regs = RegisterSet(0, {"rip": 0, "rsp": 0, "rbp": 0}, 0, 0, False, 16)
     direct.set_registers([regs])
     assert await direct.read_window(0, 0x1000, 64) == b""  # no RAM at all: nothing readable
-
-
-def test_unknown_layouts_are_refused() -> None:
-    with pytest.raises(DirectMemoryUnavailable, match="unknown layout"):
-        parse_flat_ram('FlatView #0\n AS "I/O", root: io\n')
-    with pytest.raises(DirectMemoryUnavailable, match="is not RAM"):
-        parse_gpa2hva("Memory at address 0xa0000 is not RAM\n")
-    assert parse_gpa2hva("Host virtual address for 0x0 (mem) is 0x7fcde3fff000\n") == (
-        "mem",
-        0x7FCDE3FFF000,
-    )
