@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
@@ -13,6 +16,7 @@ from qmpprof.model import RawSample
 from qmpprof.modules import load_module
 from qmpprof.record.capture import DEFAULT_STACK_BYTES, CaptureConfig, Capturer
 from qmpprof.record.sampler import LoopConfig, RecordStats, sample_loop
+from qmpprof.record.schedule import Schedule
 from qmpprof.target.memory import open_memory
 from qmpprof.target.qmp import QmpSession, paused
 from tests.guest_vm import Guest, boot_guest, stop_guest
@@ -47,17 +51,37 @@ async def sampling_session(
         await session.close()
 
 
-async def sample_for(guest: Guest, ram: Path, hz: float, mode: str, seconds: float) -> RecordStats:
-    """qmpprof's sampling loop, with every sample analysed, for `seconds` at `hz`."""
-    config = LoopConfig(period_s=1 / hz, duration_s=seconds, nonblocking=mode == "nonblocking")
+#: Runs one sampling method at `hz` for `seconds` over an open connection.
+RunAt = Callable[[float, float], Awaitable[RecordStats]]
+
+
+@asynccontextmanager
+async def sampling_method(guest: Guest, ram: Path, method: str) -> AsyncIterator[RunAt]:
+    """A way to sample the guest, connected once and run as often as needed.
+
+    `stop` and `nonblocking` are qmpprof's sampling loop with every sample analysed;
+    `floor_stop` and `floor_nonblocking` are their floors (see `floor_loop`).
+    """
+    if method.startswith("floor_"):
+        qmp = BareQmp(guest.qmp)
+        try:
+            yield lambda hz, seconds: floor_loop(qmp, hz, method.removeprefix("floor_"), seconds)
+        finally:
+            qmp.close()
+        return
     async with sampling_session(guest, mem_path=ram) as (session, analyzer, capturer):
-        return await sample_loop(
-            session,
-            capturer,
-            config,
-            asyncio.Event(),
-            lambda raws: [analyzer.analyze(raw) for raw in raws],
-        )
+
+        async def run(hz: float, seconds: float) -> RecordStats:
+            config = LoopConfig(1 / hz, seconds, nonblocking=method == "nonblocking")
+            return await sample_loop(
+                session,
+                capturer,
+                config,
+                asyncio.Event(),
+                lambda raws: [analyzer.analyze(raw) for raw in raws],
+            )
+
+        yield run
 
 
 async def capture_samples(guest: Guest, count: int, stack_bytes: int) -> list[RawSample]:
@@ -118,3 +142,61 @@ def booted_with_ram_file(*boot_args: str) -> Iterator[tuple[Guest, Path]]:
         booted_guest("--memory-backend", ram.name, *boot_args) as guest,
     ):
         yield guest, Path(ram.name)
+
+
+class BareQmp:
+    """QMP over a plain socket: the floor no client library can go under."""
+
+    def __init__(self, path: str) -> None:
+        self._sock = socket.socket(socket.AF_UNIX)
+        self._sock.connect(path)
+        self._stream = self._sock.makefile("rw")
+        self._stream.readline()
+        self.call("qmp_capabilities")
+
+    def call(self, command: str, arguments: dict[str, object] | None = None) -> object:
+        message: dict[str, object] = {"execute": command}
+        if arguments:
+            message["arguments"] = arguments
+        self._stream.write(json.dumps(message) + "\n")
+        self._stream.flush()
+        while True:
+            reply = json.loads(self._stream.readline())
+            if "event" not in reply:
+                return reply.get("return")
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def registers(self) -> object:
+        return self.call("human-monitor-command", {"command-line": "info registers -a"})
+
+    def tick(self, mode: str) -> None:
+        """What one sample needs from QEMU in `mode`, and nothing else."""
+        if mode == "nonblocking":
+            self.registers()
+            return
+        self.call("stop")
+        self.registers()
+        self.call("cont")
+
+
+async def floor_loop(qmp: BareQmp, hz: float, mode: str, seconds: float) -> RecordStats:
+    """The floor of qmpprof's loop: the same schedule and QMP commands from a bare socket,
+    no memory reads, no unwinding. What QEMU on this machine allows at best.
+
+    Blocks the event loop while it runs: nothing else is meant to run meanwhile."""
+    stats = RecordStats()
+    start = time.monotonic()
+    schedule = Schedule(start, 1 / hz)
+    while True:
+        slot = schedule.next_slot(time.monotonic())
+        if slot.deadline - start >= seconds:
+            break
+        time.sleep(max(slot.deadline - time.monotonic(), 0))
+        stats.requested += slot.missed + 1
+        stats.late += schedule.is_late(slot.deadline, time.monotonic())
+        qmp.tick(mode)
+        stats.ticks += 1
+    stats.elapsed_s = time.monotonic() - start
+    return stats

@@ -2,10 +2,12 @@
 
   floor_ms        a bare-socket loop of the QMP commands a stopped sample needs
                   (stop, info registers -a, cont), no memory reads, no unwinding
+  floor_nonblocking_ms  the same for a sample of the running VM (info registers -a)
   stop_ms         qmpprof's sampling path in stop mode: pause, registers, stack (direct
                   memory, on demand), resume
-  analysis_ms     unwinding and symbolizing one tick, which the recorder does between
-                  ticks (off the sampling path)
+  analysis_ms     what is left of the analysis of one tick after capture (symbols,
+                  torn-stack checks; the unwind is done while capturing, to find the
+                  memory it needs), which the recorder does between ticks
   nonblocking_ms  qmpprof --nonblocking: registers and stack while the VM runs, unwind
   naive_ms        the naive method: stop, registers, one HMP `x` per frame (following
                   the frame-pointer chain), cont; median of the walks at depth >= 8
@@ -18,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -26,37 +27,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import booted_with_ram_file, median, sampling_session
+from bench.common import BareQmp, booted_with_ram_file, median, sampling_session
 from qmpprof.target.qmp import paused
 from qmpprof.target.registers import parse_all
 from tests.guest_vm import Guest
 
 DEEP = 8
-
-
-class BareQmp:
-    """QMP over a plain socket: the floor no client library can go under."""
-
-    def __init__(self, path: str) -> None:
-        self._sock = socket.socket(socket.AF_UNIX)
-        self._sock.connect(path)
-        self._stream = self._sock.makefile("rw")
-        self._stream.readline()
-        self.call("qmp_capabilities")
-
-    def call(self, command: str, arguments: dict[str, object] | None = None) -> object:
-        message: dict[str, object] = {"execute": command}
-        if arguments:
-            message["arguments"] = arguments
-        self._stream.write(json.dumps(message) + "\n")
-        self._stream.flush()
-        while True:
-            reply = json.loads(self._stream.readline())
-            if "event" not in reply:
-                return reply.get("return")
-
-    def close(self) -> None:
-        self._sock.close()
 
 
 def timed(count: int, once: Callable[[], object]) -> list[float]:
@@ -68,16 +44,10 @@ def timed(count: int, once: Callable[[], object]) -> list[float]:
     return durations
 
 
-def floor_ms(guest: Guest, count: int) -> list[float]:
+def floor_ms(guest: Guest, count: int, mode: str) -> list[float]:
     qmp = BareQmp(guest.qmp)
-
-    def once() -> None:
-        qmp.call("stop")
-        qmp.call("human-monitor-command", {"command-line": "info registers -a"})
-        qmp.call("cont")
-
     try:
-        return timed(count, once)
+        return timed(count, lambda: qmp.tick(mode))
     finally:
         qmp.close()
 
@@ -146,6 +116,7 @@ def main() -> None:
     args = parser.parse_args()
     times: dict[str, list[float]] = {
         "floor": [],
+        "floor_nonblocking": [],
         "stop": [],
         "nonblocking": [],
         "naive": [],
@@ -154,7 +125,8 @@ def main() -> None:
     depths: list[int] = []
     with booted_with_ram_file("--accel", args.accel) as (guest, ram):
         for _ in range(args.rounds):
-            times["floor"] += floor_ms(guest, args.samples)
+            times["floor"] += floor_ms(guest, args.samples, "stop")
+            times["floor_nonblocking"] += floor_ms(guest, args.samples, "nonblocking")
             for mode, nonblocking in (("stop", False), ("nonblocking", True)):
                 path, analysis = asyncio.run(qmpprof_ms(guest, ram, args.samples, nonblocking))
                 times[mode] += path
@@ -176,12 +148,14 @@ def main() -> None:
             {
                 "floor_ms": round(ms["floor"], 3),
                 "stop_ms": round(ms["stop"], 3),
+                "floor_nonblocking_ms": round(ms["floor_nonblocking"], 3),
                 "nonblocking_ms": round(ms["nonblocking"], 3),
                 "naive_ms": round(ms["naive"], 3),
                 "analysis_ms": round(ms["analysis"], 3),
                 "naive_depth": depth,
                 "stop_over_floor": round(ms["stop"] / ms["floor"], 2),
                 "naive_over_stop": round(ms["naive"] / ms["stop"], 2),
+                "nonblocking_over_floor": round(ms["nonblocking"] / ms["floor_nonblocking"], 2),
             }
         )
     )
