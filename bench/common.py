@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import socket
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -19,7 +17,7 @@ from qmpprof.record.sampler import LoopConfig, RecordStats, sample_loop
 from qmpprof.record.schedule import Schedule
 from qmpprof.target.memory import open_memory
 from qmpprof.target.qmp import QmpSession, paused
-from tests.guest_vm import Guest, boot_guest, stop_guest
+from tests.guest_vm import BareQmp, Guest, boot_guest, stop_guest
 
 
 @contextmanager
@@ -144,41 +142,18 @@ def booted_with_ram_file(*boot_args: str) -> Iterator[tuple[Guest, Path]]:
         yield guest, Path(ram.name)
 
 
-class BareQmp:
-    """QMP over a plain socket: the floor no client library can go under."""
+#: The HMP command that gives every vCPU's registers, as QMP arguments.
+REGISTERS: dict[str, object] = {"command-line": "info registers -a"}
 
-    def __init__(self, path: str) -> None:
-        self._sock = socket.socket(socket.AF_UNIX)
-        self._sock.connect(path)
-        self._stream = self._sock.makefile("rw")
-        self._stream.readline()
-        self.call("qmp_capabilities")
 
-    def call(self, command: str, arguments: dict[str, object] | None = None) -> object:
-        message: dict[str, object] = {"execute": command}
-        if arguments:
-            message["arguments"] = arguments
-        self._stream.write(json.dumps(message) + "\n")
-        self._stream.flush()
-        while True:
-            reply = json.loads(self._stream.readline())
-            if "event" not in reply:
-                return reply.get("return")
-
-    def close(self) -> None:
-        self._sock.close()
-
-    def registers(self) -> object:
-        return self.call("human-monitor-command", {"command-line": "info registers -a"})
-
-    def tick(self, mode: str) -> None:
-        """What one sample needs from QEMU in `mode`, and nothing else."""
-        if mode == "nonblocking":
-            self.registers()
-            return
-        self.call("stop")
-        self.registers()
-        self.call("cont")
+def floor_tick(qmp: BareQmp, mode: str) -> None:
+    """What one sample needs from QEMU in `mode`, and nothing else."""
+    if mode == "nonblocking":
+        qmp.call("human-monitor-command", REGISTERS)
+        return
+    qmp.call("stop")
+    qmp.call("human-monitor-command", REGISTERS)
+    qmp.call("cont")
 
 
 async def floor_loop(qmp: BareQmp, hz: float, mode: str, seconds: float) -> RecordStats:
@@ -196,7 +171,7 @@ async def floor_loop(qmp: BareQmp, hz: float, mode: str, seconds: float) -> Reco
         time.sleep(max(slot.deadline - time.monotonic(), 0))
         stats.requested += slot.missed + 1
         stats.late += schedule.is_late(slot.deadline, time.monotonic())
-        qmp.tick(mode)
+        floor_tick(qmp, mode)
         stats.ticks += 1
     stats.elapsed_s = time.monotonic() - start
     return stats

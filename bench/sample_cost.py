@@ -27,10 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import BareQmp, booted_with_ram_file, median, sampling_session
+from bench.common import REGISTERS, booted_with_ram_file, floor_tick, median, sampling_session
 from qmpprof.target.qmp import paused
 from qmpprof.target.registers import parse_all
-from tests.guest_vm import Guest
+from tests.guest_vm import BareQmp, Guest
 
 DEEP = 8
 
@@ -47,7 +47,7 @@ def timed(count: int, once: Callable[[], object]) -> list[float]:
 def floor_ms(guest: Guest, count: int, mode: str) -> list[float]:
     qmp = BareQmp(guest.qmp)
     try:
-        return timed(count, lambda: qmp.tick(mode))
+        return timed(count, lambda: floor_tick(qmp, mode))
     finally:
         qmp.close()
 
@@ -59,7 +59,7 @@ def naive_ms(guest: Guest, count: int) -> tuple[list[float], list[int]]:
 
     def once() -> None:
         qmp.call("stop")
-        text = qmp.call("human-monitor-command", {"command-line": "info registers -a"})
+        text = qmp.call("human-monitor-command", REGISTERS)
         regs = parse_all(str(text))[0]
         rbp, depth = regs.rbp, 1
         while rbp and depth < 64:

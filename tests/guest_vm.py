@@ -34,28 +34,43 @@ class Guest:
 
 
 def qmp_call(path: str, command: str, arguments: dict[str, object] | None = None) -> object:
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.settimeout(10)
-        sock.connect(path)
-        stream = sock.makefile("rw")
-        stream.readline()
-        for message in ({"execute": "qmp_capabilities"}, {"execute": command}):
-            if message["execute"] == command and arguments:
-                message["arguments"] = arguments
-            stream.write(json.dumps(message) + "\n")
-            stream.flush()
-            reply = _reply(stream)
-        return reply.get("return", reply)
+    qmp = BareQmp(path)
+    try:
+        return qmp.call(command, arguments)
+    finally:
+        qmp.close()
 
 
-def _reply(stream: object) -> dict[str, object]:
-    while True:
-        line = stream.readline()  # type: ignore[attr-defined]
-        if not line:
-            raise ConnectionError("QMP connection closed")
-        message: dict[str, object] = json.loads(line)
-        if "event" not in message:
-            return message
+class BareQmp:
+    """QMP over a plain blocking socket: no client library, events skipped.
+
+    Also the floor the benchmarks hold qmpprof's own client against."""
+
+    def __init__(self, path: str) -> None:
+        self._sock = socket.socket(socket.AF_UNIX)
+        self._sock.settimeout(10)
+        self._sock.connect(path)
+        self._stream = self._sock.makefile("rw")
+        self._stream.readline()
+        self.call("qmp_capabilities")
+
+    def call(self, command: str, arguments: dict[str, object] | None = None) -> object:
+        """The command's return value, or QEMU's error reply as it came."""
+        message: dict[str, object] = {"execute": command}
+        if arguments:
+            message["arguments"] = arguments
+        self._stream.write(json.dumps(message) + "\n")
+        self._stream.flush()
+        while True:
+            line = self._stream.readline()
+            if not line:
+                raise ConnectionError("QMP connection closed")
+            reply: dict[str, object] = json.loads(line)
+            if "event" not in reply:
+                return reply.get("return", reply)
+
+    def close(self) -> None:
+        self._sock.close()
 
 
 def boot_guest(workdir: Path, *extra: str) -> Guest:
