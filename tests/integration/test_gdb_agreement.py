@@ -13,6 +13,7 @@ import random
 import re
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,18 +69,22 @@ def agree(gdb: list[GdbFrame], ours: Frames) -> bool:
     )
 
 
-@pytest.fixture
-def gdb_guest(request: pytest.FixtureRequest, workdir: Path) -> Iterator[tuple[Guest, GdbMi]]:
-    variant = request.param
-    guest = boot_guest(
-        workdir, "--gdb", str(workdir / "gdb.sock"), "--accel", "tcg", "--variant", variant
-    )
+@contextmanager
+def guest_under_gdb(workdir: Path, *boot_args: str) -> Iterator[tuple[Guest, GdbMi]]:
+    """The example guest under TCG with GDB/MI attached to its gdbstub."""
+    guest = boot_guest(workdir, "--gdb", str(workdir / "gdb.sock"), "--accel", "tcg", *boot_args)
     gdb = GdbMi(guest.kernel, guest.gdb)
     try:
         yield guest, gdb
     finally:
         gdb.close()
         stop_guest(guest)
+
+
+@pytest.fixture
+def gdb_guest(request: pytest.FixtureRequest, workdir: Path) -> Iterator[tuple[Guest, GdbMi]]:
+    with guest_under_gdb(workdir, "--variant", request.param) as pair:
+        yield pair
 
 
 def qmpprof_frames(guest: Guest, unwind: str) -> Frames:
@@ -131,23 +136,8 @@ def test_nofp_guest_agrees_with_gdb_through_cfi(gdb_guest: tuple[Guest, GdbMi]) 
 
 @pytest.fixture
 def user_gdb_guest(workdir: Path) -> Iterator[tuple[Guest, GdbMi]]:
-    guest = boot_guest(
-        workdir,
-        "--gdb",
-        str(workdir / "gdb.sock"),
-        "--accel",
-        "tcg",
-        "--workload",
-        "user",
-        "--smp",
-        "2",
-    )
-    gdb = GdbMi(guest.kernel, guest.gdb)
-    try:
-        yield guest, gdb
-    finally:
-        gdb.close()
-        stop_guest(guest)
+    with guest_under_gdb(workdir, "--workload", "user", "--smp", "2") as pair:
+        yield pair
 
 
 def program_names(gdb: GdbMi) -> dict[int, str]:
