@@ -69,15 +69,13 @@ async def sampling_method(guest: Guest, ram: Path, method: str) -> AsyncIterator
         return
     async with sampling_session(guest, mem_path=ram) as (session, analyzer, capturer):
 
+        def analyse_all(raws: list[RawSample]) -> None:
+            for raw in raws:
+                analyzer.analyze(raw)
+
         async def run(hz: float, seconds: float) -> RecordStats:
             config = LoopConfig(1 / hz, seconds, nonblocking=method == "nonblocking")
-            return await sample_loop(
-                session,
-                capturer,
-                config,
-                asyncio.Event(),
-                lambda raws: [analyzer.analyze(raw) for raw in raws],
-            )
+            return await sample_loop(session, capturer, config, asyncio.Event(), analyse_all)
 
         yield run
 
