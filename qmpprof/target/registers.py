@@ -16,6 +16,23 @@ _CPU_HEADER = re.compile(r"CPU#(\d+)[ \t\r]*(?:\n|$)")
 _ASSIGNMENT = re.compile(r"([A-Z][A-Z0-9]*) *= *([0-9a-fA-F]+)\b")
 _SEGMENT = re.compile(r"^CS\s*=([0-9a-f]+) ([0-9a-f]+) ([0-9a-f]+) ([0-9a-f]+)", re.MULTILINE)
 
+
+def _layout(names: tuple[str, ...], flags: str) -> re.Pattern[str]:
+    """QEMU's dump of the general registers in its fixed order (target/i386/cpu-dump.c),
+    through the flags line: one match instead of a scan for every NAME=value."""
+    registers = "".join(rf"{name} *=(?P<{name}>[0-9a-f]+)\s+" for name in names)
+    status = r" \[[^\]\n]*\] CPL=(?P<CPL>\d+)[^\n]* HLT=(?P<HLT>\d)"
+    return re.compile(rf"{registers}{flags}=(?P<{flags}>[0-9a-f]+){status}")
+
+
+_LONG_GENERAL = ("RAX", "RBX", "RCX", "RDX", "RSI", "RDI", "RBP", "RSP")
+_LONG_MODE = _layout((*_LONG_GENERAL, *(f"R{n}" for n in range(8, 16)), "RIP"), "RFL")
+_LEGACY_MODE = _layout(("EAX", "EBX", "ECX", "EDX", "ESI", "EDI", "EBP", "ESP", "EIP"), "EFL")
+_CONTROL = re.compile(
+    r"CR0=(?P<CR0>[0-9a-f]+) CR2=[0-9a-f]+ CR3=(?P<CR3>[0-9a-f]+) CR4=(?P<CR4>[0-9a-f]+)"
+)
+_EFER = re.compile(r"EFER=(?P<EFER>[0-9a-f]+)")
+
 _GENERAL = {
     "RAX": "rax",
     "RBX": "rbx",
@@ -82,10 +99,34 @@ def parse_one(text: str, vcpu: int) -> RegisterSet:
 
 
 def _assignments(text: str) -> dict[str, str]:
+    """`NAME=hex` for the registers a RegisterSet needs (and maybe more).
+
+    Parsing runs for every vCPU at every tick: QEMU's usual layout is matched at known
+    places; any other text falls back to collecting every assignment.
+    """
+    return _laid_out(text) or _scanned(text)
+
+
+def _laid_out(text: str) -> dict[str, str] | None:
+    """The values, if the text has QEMU 7's layout (general registers first, then the
+    segments, CR0..CR4 and EFER lines); None otherwise."""
+    general = _LONG_MODE.match(text) or _LEGACY_MODE.match(text)
+    control = _line(_CONTROL, text, "\nCR0=")
+    efer = _line(_EFER, text, "\nEFER=")
+    if general is None or control is None or efer is None:
+        return None
+    return general.groupdict() | control.groupdict() | efer.groupdict()
+
+
+def _line(pattern: re.Pattern[str], text: str, start: str) -> re.Match[str] | None:
+    at = text.find(start)
+    return pattern.match(text, at + 1) if at >= 0 else None
+
+
+def _scanned(text: str) -> dict[str, str]:
     """Every `NAME=hex` before the FPU state (the first one of a name wins).
 
-    The FPU and vector registers are half of the text and none of them is needed;
-    skipping them matters at a thousand samples a second.
+    The FPU and vector registers are half of the text and none of them is needed.
     """
     fpu = text.find("\nFCW=")
     head = text if fpu < 0 else text[:fpu]
@@ -97,7 +138,8 @@ def _hex(values: dict[str, str], key: str) -> int:
 
 
 def _code_segment(text: str, vcpu: int) -> tuple[int, int]:
-    match = _SEGMENT.search(text)
+    at = text.find("\nCS =")
+    match = _SEGMENT.match(text, at + 1) if at >= 0 else _SEGMENT.search(text)
     if match is None:
         raise RegisterParseError(f"vCPU {vcpu}: no CS line in register dump")
     return int(match.group(1), 16), int(match.group(4), 16)
