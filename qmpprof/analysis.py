@@ -30,6 +30,9 @@ from qmpprof.unwind.framepointer import DEFAULT_MAX_DEPTH
 from qmpprof.unwind.rules import UnwindRow
 from qmpprof.unwind.unwinder import Strategy, dwarf_registers, unwind
 
+#: Return-site answers an AddressSpace keeps (a profile meets a few thousand).
+MAX_RETURN_SITES = 1 << 14
+
 
 class AddressSpace:
     """The modules one sample can run in, routed by address half."""
@@ -38,6 +41,7 @@ class AddressSpace:
         self.kernel = kernel
         self.user = user
         self.symbolizer = Symbolizer([m.symbols for m in (kernel, user) if m is not None])
+        self._return_sites: dict[int, bool | None] = {}
 
     def _module(self, address: int) -> Module | None:
         return self.kernel if is_kernel_address(address) else self.user
@@ -58,7 +62,18 @@ class AddressSpace:
 
     def is_return_site(self, address: int) -> bool | None:
         """Whether `address` can be a return address: in the code of the module that covers
-        its half of the address space, right after a call. None when no module is known."""
+        its half of the address space, right after a call. None when no module is known.
+
+        Asked for every frame of every sample, and the modules' code never changes: the
+        answers are kept (a bounded number)."""
+        if address in self._return_sites:
+            return self._return_sites[address]
+        if len(self._return_sites) >= MAX_RETURN_SITES:
+            self._return_sites.clear()
+        known = self._return_sites[address] = self._decode_return_site(address)
+        return known
+
+    def _decode_return_site(self, address: int) -> bool | None:
         if self._module(address) is None:
             return None
         try:

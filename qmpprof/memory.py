@@ -26,19 +26,20 @@ class WindowMemory:
     """A MemoryReader over captured windows of guest memory; anything else faults."""
 
     def __init__(self, windows: Iterable[MemoryWindow]) -> None:
-        self._windows = tuple(w for w in windows if w.data)
+        #: (base, end, data): every unwound frame reads here, so the ends are computed once.
+        self._windows = tuple((w.base, w.end, w.data) for w in windows if w.data)
 
     def read(self, address: int, size: int) -> bytes:
-        for window in self._windows:
-            start = address - window.base
-            if start >= 0 and address + size <= window.end:
-                return window.data[start : start + size]
+        for base, end, data in self._windows:
+            start = address - base
+            if start >= 0 and address + size <= end:
+                return data[start : start + size]
         raise MemoryFault(address, size)
 
     def read_u64(self, address: int) -> int:
-        for window in self._windows:
-            start = address - window.base
-            if start >= 0 and address + 8 <= window.end:
-                value: int = _U64.unpack_from(window.data, start)[0]
+        for base, end, data in self._windows:
+            start = address - base
+            if start >= 0 and address + 8 <= end:
+                value: int = _U64.unpack_from(data, start)[0]
                 return value
         raise MemoryFault(address, 8)
