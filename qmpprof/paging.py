@@ -11,6 +11,7 @@ has a fixed number of levels, every read may fault, reserved bits are masked awa
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
@@ -151,7 +152,7 @@ class VirtualMemory:
         self._levels = _levels(state, mode)
         self._root = _root(state, mode)
         self._low_end, self._high_start = _address_limits(mode)
-        self._cache: dict[int, int] = {}  # virtual page number → physical frame
+        self._cache: dict[int, tuple[int, int]] = {}  # virtual page number → _page()
         #: Table entries by physical address, as a CPU's paging-structure caches keep
         #: them: neighbouring pages share all but their last levels.
         self._entries: dict[int, int] = {}
@@ -190,12 +191,57 @@ class VirtualMemory:
 
     def read_prefix(self, address: int, size: int) -> bytes:
         """The readable bytes from `address` up to the first unreadable page, at most
-        `size`; b"" when `address` itself cannot be read. Never raises MemoryFault."""
+        `size`; b"" when `address` itself cannot be read. Never raises MemoryFault.
+
+        The sampler's stack read, every tick: pages that lie side by side in physical
+        memory (a large page, or neighbouring frames) are read in one piece.
+        """
         size = max(0, min(size, MAX_READ_BYTES, _ADDRESS_SPACE_END - max(address, 0)))
         parts = []
-        for piece_address, piece_size in _pieces(address, size):
+        for virtual, physical, length in self._runs(address, size):
+            data = self._readable_prefix(virtual, physical, length)
+            parts.append(data)
+            if len(data) < length:
+                break
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _runs(self, address: int, size: int) -> Iterator[tuple[int, int, int]]:
+        """(virtual, physical, length): [address, address + size) in physically
+        contiguous runs, up to the first page that is not mapped."""
+        end = address + size
+        run: tuple[int, int, int] | None = None
+        while address < end:  # at most one turn per page of a bounded size
             try:
-                parts.append(self._read_in_page(piece_address, piece_size))
+                frame, mapped = self._page(address, end - address)
+            except MemoryFault:
+                break
+            offset = address & _PAGE_OFFSET
+            length = min(mapped - offset, end - address)
+            if run is not None and run[1] + run[2] == frame | offset:
+                run = (run[0], run[1], run[2] + length)
+            else:
+                if run is not None:
+                    yield run
+                run = (address, frame | offset, length)
+            address += length
+        if run is not None:
+            yield run
+
+    def _readable_prefix(self, virtual: int, physical: int, length: int) -> bytes:
+        """A run's bytes; where the physical reader fails part way, those of its pages
+        before the first one it cannot read."""
+        try:
+            return self._read_physical(physical, length, virtual)
+        except MemoryFault:
+            pass
+        parts = []
+        for piece_address, piece_size in _pieces(virtual, length):
+            try:
+                parts.append(
+                    self._read_physical(
+                        physical + piece_address - virtual, piece_size, piece_address
+                    )
+                )
             except MemoryFault:
                 break
         return b"".join(parts)
@@ -220,28 +266,34 @@ class VirtualMemory:
 
     def _frame(self, address: int, size: int) -> int:
         """The physical address of the page holding `address`, from the cache or a walk."""
+        return self._page(address, size)[0]
+
+    def _page(self, address: int, size: int) -> tuple[int, int]:
+        """(physical address of the 4 KiB page holding `address`, bytes its table entry
+        maps contiguously from that page on: 4 KiB, or the rest of a large page)."""
         page = address >> PAGE_SHIFT
-        frame = self._cache.get(page)
-        if frame is None:
-            frame = self._walk(address, size)
+        known = self._cache.get(page)
+        if known is None:
+            known = self._walk(address, size)
             if len(self._cache) >= CACHE_LIMIT:
                 self.flush()
-            self._cache[page] = frame
-        return frame
+            self._cache[page] = known
+        return known
 
-    def _walk(self, address: int, size: int) -> int:
+    def _walk(self, address: int, size: int) -> tuple[int, int]:
         if not (0 <= address < self._low_end or self._high_start <= address < _ADDRESS_SPACE_END):
             raise MemoryFault(address, size)  # non-canonical, or beyond 32 bits
         if not self._levels:
-            return address & ~_PAGE_OFFSET
+            return address & ~_PAGE_OFFSET, PAGE_SIZE
         try:
             return self._walk_tables(address)
         except MemoryFault as err:  # name the virtual address, as for a not-present entry
             raise MemoryFault(address, size) from err
 
-    def _walk_tables(self, address: int) -> int:
-        """At most five table reads; raises MemoryFault for any unreadable or not-present
-        entry (with whichever address: `_walk` renames it)."""
+    def _walk_tables(self, address: int) -> tuple[int, int]:
+        """(frame, bytes mapped from it) in at most five table reads; raises MemoryFault
+        for any unreadable or not-present entry (with whichever address: `_walk`
+        renames it)."""
         table = self._root
         entries = self._entries
         for shift, index_mask, entry_size, large_frame in self._levels:
@@ -253,9 +305,9 @@ class VirtualMemory:
                 raise MemoryFault(address)
             if large_frame and entry & _LARGE:
                 offset = address & ((1 << shift) - 1) & ~_PAGE_OFFSET
-                return _large_page(entry, entry_size, large_frame) | offset
+                return _large_page(entry, entry_size, large_frame) | offset, (1 << shift) - offset
             table = entry & _ADDRESS_MASK
-        return table
+        return table, PAGE_SIZE
 
     def _read_entry(self, entry_address: int, entry_size: int) -> int:
         data = self._read(entry_address, entry_size)

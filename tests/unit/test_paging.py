@@ -288,6 +288,30 @@ def test_a_read_into_an_unmapped_page_faults_and_the_prefix_stops_there() -> Non
     assert memory.read_prefix(0x40_2000, 64) == b""
 
 
+def two_megabyte_page_at_the_end_of_ram(ram: Ram) -> VirtualMemory:
+    """VA 0x20_0000 → the 2 MiB page at PA 0x20_0000, of which a 3 MiB Ram holds 1 MiB."""
+    ram.entry(0x1000, 0, 0x2000 | P)
+    ram.entry(0x2000, 0, 0x3000 | P)
+    ram.entry(0x3000, 1, 0x20_0000 | PS | P)
+    ram.fill(0x20_0000, bytes(range(256)) * 16)
+    return VirtualMemory(ram, LONG4)
+
+
+def test_a_prefix_within_a_large_page_is_one_walk_and_one_read() -> None:
+    ram = Ram(3 << 20)
+    memory = two_megabyte_page_at_the_end_of_ram(ram)
+    prefix = memory.read_prefix(0x20_0010, 4 * 4096)
+    assert prefix == (bytes(range(256)) * 16)[0x10:] + bytes(3 * 4096 + 0x10)
+    assert ram.reads == 3 + 1  # PML4E, PDPTE, PDE; then the data
+
+
+def test_a_prefix_running_out_of_ram_in_a_large_page_stops_at_the_last_readable_page() -> None:
+    ram = Ram(3 << 20)
+    memory = two_megabyte_page_at_the_end_of_ram(ram)
+    prefix = memory.read_prefix(0x2F_E000, 5 * 4096)
+    assert len(prefix) == 2 * 4096  # PA 0x2F_E000..0x30_0000: the rest is beyond the Ram
+
+
 def test_read_sizes() -> None:
     memory = two_pages(Ram())
     assert memory.read(0x40_0000, 0) == b""
