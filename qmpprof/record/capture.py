@@ -23,6 +23,8 @@ DEFAULT_STACK_BYTES = 16 * 1024
 #: has already popped (GCC keeps the save rule until the `ret`), and GDB reads it.
 BELOW_RSP = 128
 MAX_EXTRA_WINDOWS = 3
+#: The HMP command that gives every vCPU's registers.
+REGISTERS = "info registers -a"
 
 
 @dataclass(frozen=True)
@@ -46,17 +48,28 @@ class Capturer:
         self._config = config
         self._identifier = AddressSpaceIdentifier(memory, analyzer.users)
 
-    async def capture(self) -> list[RawSample]:
+    async def capture(self, then: str | None = None) -> list[RawSample]:
         """Raw samples of the selected vCPUs as they are now.
+
+        `then`: the QMP command the caller sends next (`cont` for a paused VM). Where
+        memory is read without QEMU, QEMU reads that command while we do
+        (QmpSession.prime), and the VM is paused for less.
 
         Raises TargetGone, CommandFailed or RegisterParseError; a vCPU whose stack
         cannot be read yields a RawSample with `error` set instead.
         """
         now = time.time()
-        registers = parse_all(await self._session.hmp("info registers -a"))
+        registers = parse_all(await self._session.hmp(REGISTERS))
+        if then is not None and not self._memory.through_monitor:
+            self._session.prime(then)
         self._memory.set_registers(registers)
         cpus = self._config.cpus
         return [await self._one(regs, now) for regs in registers if not cpus or regs.vcpu in cpus]
+
+    def prepare(self) -> None:
+        """Have QEMU read the next capture's register request already (QmpSession.prime):
+        it then starts with the request's last bytes. Harmless: the request reads."""
+        self._session.hmp_prime(REGISTERS)
 
     async def _one(self, regs: RegisterSet, now: float) -> RawSample:
         if regs.bits != 64:

@@ -18,6 +18,10 @@ from qmpprof.target.qmp import QmpSession, paused
 MAX_CONSECUTIVE_FAILURES = 5
 #: asyncio's epoll selector sleeps in whole milliseconds, rounded up.
 EPOLL_RESOLUTION_S = 0.001
+#: QEMU needs about this long to read a primed request (QmpSession.prime). With less
+#: time left before a tick, a request half read when the tick comes is slower than one
+#: sent whole, and a late loop would never catch up.
+PRIME_LEAD_S = 0.0005
 
 
 @dataclass
@@ -78,6 +82,8 @@ async def sample_loop(
     while stats.ended_by is None:
         slot = schedule.next_slot(time.monotonic())
         stats.missed += slot.missed
+        if config.nonblocking and slot.deadline - time.monotonic() >= PRIME_LEAD_S:
+            capturer.prepare()  # QEMU reads the request while we analyse and wait
         if on_idle is not None:
             on_idle(slot.deadline)
         if _past_end(config, start, slot.deadline) or await _wait_until(slot.deadline, stop):
@@ -133,7 +139,7 @@ async def _paused_capture(
             stats.skipped_paused += 1
             return None
         held_from = time.monotonic()
-        samples = await capturer.capture()
+        samples = await capturer.capture(then="cont")
     stats.paused_s += time.monotonic() - held_from
     return samples
 

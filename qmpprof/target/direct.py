@@ -161,6 +161,7 @@ class DirectMemory:
     virtual addresses with the registers of the current tick (`set_registers`)."""
 
     name = "direct"
+    through_monitor = False
 
     def __init__(self, physical: SegmentedMemory) -> None:
         self.physical = physical

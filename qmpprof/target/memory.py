@@ -30,6 +30,8 @@ class MemoryBackend(Protocol):
     """Reads guest virtual memory as one vCPU sees it."""
 
     name: str
+    #: Whether reads are QMP commands (then nothing else may be primed while they run).
+    through_monitor: bool
 
     def set_registers(self, registers: Sequence[RegisterSet]) -> None:
         """Start a tick: the vCPUs' registers as just read (for backends that walk page
@@ -47,6 +49,7 @@ class HmpMemory:
     """Guest memory through HMP `x`: text, but available everywhere."""
 
     name = "hmp"
+    through_monitor = True
 
     def __init__(self, session: QmpSession) -> None:
         self._session = session
@@ -69,6 +72,7 @@ class MemsaveMemory:
     """Guest memory through QMP `memsave` into a tmpfs file QEMU writes and we read."""
 
     name = "memsave"
+    through_monitor = True
 
     def __init__(self, session: QmpSession) -> None:
         self._session = session

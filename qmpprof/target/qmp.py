@@ -7,6 +7,11 @@ cont (bench/sample_cost.py). Here a reply resolves its caller's future directly 
 data_received. Out-of-band execution is not negotiated, so QEMU answers in order and
 replies match requests first in, first out.
 
+QEMU 7 reads QMP input one byte per turn of its monitor thread's loop, several
+microseconds a byte: an 85-byte `info registers -a` request spends most of its round
+trip being read. `prime()` sends a command ahead of time but for its closing brace, so
+that executing it later sends two bytes (measured: 0.73 ms → 0.26 ms a round trip).
+
 Every method raises a QmpprofError subclass: ConnectionFailed while connecting,
 TargetGone when QEMU disappears, CommandFailed when QEMU refuses a command or does
 not answer in time.
@@ -39,7 +44,8 @@ class _QmpProtocol(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.greeting: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self.pending: deque[asyncio.Future[dict[str, Any]]] = deque()
+        #: One entry per command sent, in order; None for a reply nobody waits for.
+        self.pending: deque[asyncio.Future[dict[str, Any]] | None] = deque()
         self.running: bool | None = None
         self.closed: Exception | None = None
         self._buffer = b""
@@ -71,7 +77,7 @@ class _QmpProtocol(asyncio.Protocol):
             self.greeting.set_result(message)
         elif self.pending:
             future = self.pending.popleft()
-            if not future.done():
+            if future is not None and not future.done():
                 future.set_result(message)
 
     def _event(self, message: dict[str, Any]) -> None:
@@ -84,7 +90,7 @@ class _QmpProtocol(asyncio.Protocol):
     def _fail(self, error: Exception) -> None:
         self.closed = error
         for future in [self.greeting, *self.pending]:
-            if not future.done():
+            if future is not None and not future.done():
                 future.set_exception(error)
         self.pending.clear()
         if self.transport is not None:
@@ -97,6 +103,8 @@ class QmpSession:
     def __init__(self, protocol: _QmpProtocol, path: str) -> None:
         self._protocol = protocol
         self.path = path
+        #: The encoded command whose all but last bytes QEMU has been sent (see prime).
+        self._primed: bytes | None = None
 
     @classmethod
     async def connect(cls, path: str, timeout: float = CONNECT_TIMEOUT_S) -> QmpSession:
@@ -147,16 +155,45 @@ class QmpSession:
             raise CommandFailed(command, str(error.get("desc", error)))
         return reply.get("return")
 
-    async def _exchange(self, command: str, arguments: Mapping[str, object] | None) -> Any:
-        protocol = self._protocol
-        if protocol.closed is not None or protocol.transport is None:
+    def prime(self, command: str, arguments: Mapping[str, object] | None = None) -> None:
+        """Send `command` now but for its last bytes: `execute` of the same command then
+        sends only those, and QEMU has read the rest meanwhile.
+
+        Only for a command that is harmless to run early, or that the caller sends before
+        any other: executing a different command first completes the primed one (its
+        reply is dropped). A primed command never
+        completed is forgotten by QEMU when the connection closes. A hint: does nothing
+        once QEMU has gone (the next `execute` says so).
+        """
+        encoded = _encode(command, arguments)
+        if encoded == self._primed or self._protocol.closed is not None:
+            return
+        self._write(self._complete_primed() + encoded[:-_LAST_BYTES], command)
+        self._primed = encoded
+
+    def _complete_primed(self) -> bytes:
+        """The bytes that complete a primed command whose reply nobody will wait for."""
+        if self._primed is None:
+            return b""
+        self._protocol.pending.append(None)
+        rest, self._primed = self._primed[-_LAST_BYTES:], None
+        return rest
+
+    def _write(self, data: bytes, command: str) -> None:
+        transport = self._protocol.transport
+        if self._protocol.closed is not None or transport is None:
             raise TargetGone(f"QEMU closed the QMP connection before {command!r}")
-        message: dict[str, object] = {"execute": command}
-        if arguments:
-            message["arguments"] = dict(arguments)
+        transport.write(data)
+
+    async def _exchange(self, command: str, arguments: Mapping[str, object] | None) -> Any:
+        encoded = _encode(command, arguments)
+        if encoded == self._primed:
+            data, self._primed = encoded[-_LAST_BYTES:], None
+        else:
+            data = self._complete_primed() + encoded
+        self._write(data, command)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        protocol.pending.append(future)
-        protocol.transport.write(json.dumps(message).encode() + b"\n")
+        self._protocol.pending.append(future)
         try:
             async with asyncio.timeout(COMMAND_TIMEOUT_S):
                 return await future
@@ -172,11 +209,12 @@ class QmpSession:
 
     async def hmp(self, command_line: str, cpu: int | None = None) -> str:
         """Run an HMP command (optionally on one vCPU) and return its text."""
-        arguments: dict[str, object] = {"command-line": command_line}
-        if cpu is not None:
-            arguments["cpu-index"] = cpu
-        result = await self.execute("human-monitor-command", arguments)
+        result = await self.execute("human-monitor-command", _hmp_arguments(command_line, cpu))
         return str(result)
+
+    def hmp_prime(self, command_line: str, cpu: int | None = None) -> None:
+        """`prime` an HMP command for a later `hmp` of the same command line."""
+        self.prime("human-monitor-command", _hmp_arguments(command_line, cpu))
 
     async def is_running(self) -> bool:
         """Whether the guest is running (not paused by us, GDB, or anyone else).
@@ -196,6 +234,23 @@ class QmpSession:
 
 
 _NOT_QMP = "not a QMP socket (the other end did not greet like QEMU)"
+#: A command's closing brace and newline: what `execute` sends of a primed command.
+_LAST_BYTES = 2
+
+
+def _hmp_arguments(command_line: str, cpu: int | None) -> dict[str, object]:
+    arguments: dict[str, object] = {"command-line": command_line}
+    if cpu is not None:
+        arguments["cpu-index"] = cpu
+    return arguments
+
+
+def _encode(command: str, arguments: Mapping[str, object] | None) -> bytes:
+    """One QMP command on the wire, compact (QEMU reads it a byte at a time)."""
+    message: dict[str, object] = {"execute": command}
+    if arguments:
+        message["arguments"] = dict(arguments)
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
 
 
 def _check_socket_path(path: str) -> None:

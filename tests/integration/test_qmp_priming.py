@@ -1,0 +1,102 @@
+"""QmpSession.prime against a real QEMU: a command sent but for its last bytes waits in
+QEMU's parser, answers when completed, is completed (its reply dropped) before any other
+command, and is forgotten when the connection closes. The sampler primes `info
+registers -a` in nonblocking mode and `cont` while a paused VM's memory is read
+directly; neither may leave a reply out of step or the VM paused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from qmpprof.analysis import Analyzer
+from qmpprof.modules import load_module
+from qmpprof.record.capture import REGISTERS, CaptureConfig, Capturer
+from qmpprof.record.sampler import LoopConfig, sample_loop
+from qmpprof.target.memory import open_memory
+from qmpprof.target.qmp import QmpSession
+from qmpprof.target.registers import parse_all
+from tests.integration.conftest import Guest, boot_guest, stop_guest
+
+
+@pytest.fixture
+async def session(guest: Guest) -> AsyncIterator[QmpSession]:
+    connected = await QmpSession.connect(guest.qmp)
+    try:
+        yield connected
+    finally:
+        await connected.close()
+
+
+async def test_a_primed_request_answers_when_executed(session: QmpSession) -> None:
+    session.hmp_prime(REGISTERS)
+    session.hmp_prime(REGISTERS)  # priming twice sends nothing more
+    assert [cpu.vcpu for cpu in parse_all(await session.hmp(REGISTERS))] == [0]
+
+
+async def test_another_command_completes_the_primed_one_and_replies_stay_in_step(
+    session: QmpSession,
+) -> None:
+    session.hmp_prime(REGISTERS)
+    status = await session.execute("query-status")
+    assert status["status"] == "running"
+    version = await session.hmp("info version")
+    assert "RAX=" not in version and version.strip()[0].isdigit()
+    session.hmp_prime(REGISTERS)
+    session.hmp_prime("info version")  # a different command replaces the primed one
+    assert (await session.hmp("info version")).strip() == version.strip()
+    assert parse_all(await session.hmp(REGISTERS))
+
+
+async def test_a_primed_command_never_completed_is_forgotten_with_the_connection(
+    guest: Guest,
+) -> None:
+    first = await QmpSession.connect(guest.qmp)
+    first.prime("stop")
+    await first.close()
+    second = await QmpSession.connect(guest.qmp)
+    try:
+        assert (await second.execute("query-status"))["status"] == "running"
+    finally:
+        await second.close()
+
+
+@pytest.fixture
+def guest_with_ram_file(workdir: Path) -> Iterator[tuple[Guest, str]]:
+    ram = f"/dev/shm/qmpprof-it-{uuid.uuid4().hex[:12]}.ram"
+    try:
+        booted = boot_guest(workdir, "--accel", "tcg", "--memory-backend", ram)
+        try:
+            yield booted, ram
+        finally:
+            stop_guest(booted)
+    finally:
+        Path(ram).unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("nonblocking", [False, True], ids=["stop", "nonblocking"])
+async def test_sampling_with_primed_commands_leaves_the_vm_running_and_replies_in_step(
+    guest_with_ram_file: tuple[Guest, str], nonblocking: bool
+) -> None:
+    guest, ram = guest_with_ram_file
+    session = await QmpSession.connect(guest.qmp)
+    memory = await open_memory(session, "direct", ram)
+    try:
+        analyzer = Analyzer(load_module(guest.kernel))
+        capturer = Capturer(session, memory, analyzer, CaptureConfig())
+        taken = []
+        config = LoopConfig(1 / 200, 0.5, nonblocking=nonblocking)
+        stats = await sample_loop(session, capturer, config, asyncio.Event(), taken.extend)
+        assert stats.ticks > 1 and stats.failed == 0, stats.last_error
+        assert all(raw.error is None for raw in taken)
+        assert all(len(analyzer.analyze(raw).frames) > 1 for raw in taken)
+        assert (await session.execute("query-status"))["status"] == "running"
+        assert parse_all(await session.hmp(REGISTERS))
+    finally:
+        await memory.close()
+        await session.close()
