@@ -9,6 +9,9 @@
                   torn-stack checks; the unwind is done while capturing, to find the
                   memory it needs), which the recorder does between ticks
   nonblocking_ms  qmpprof --nonblocking: registers and stack while the VM runs, unwind
+  nonblocking_primed_ms  the same when QEMU has had time to read the request ahead, as
+                  the sampler lets it between ticks at rates with time to spare
+                  (QmpSession.prime; the floor sends each command whole)
   naive_ms        the naive method: stop, registers, one HMP `x` per frame (following
                   the frame-pointer chain), cont; median of the walks at depth >= 8
 The methods take turns in --rounds rounds (this machine's load changes by the second),
@@ -28,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import REGISTERS, booted_with_ram_file, floor_tick, median, sampling_session
+from qmpprof.record.sampler import PRIME_LEAD_S
 from qmpprof.target.qmp import paused
 from qmpprof.target.registers import parse_all
 from tests.guest_vm import BareQmp, Guest
@@ -78,30 +82,40 @@ def naive_ms(guest: Guest, count: int) -> tuple[list[float], list[int]]:
 
 
 async def qmpprof_ms(
-    guest: Guest, ram: Path, count: int, nonblocking: bool
+    guest: Guest, ram: Path, count: int, mode: str
 ) -> tuple[list[float], list[float]]:
     """(sampling-path times, analysis times): the recorder analyses between ticks."""
     analysis: list[float] = []
     async with sampling_session(guest, mem_path=ram) as (session, analyzer, capturer):
 
         async def once() -> None:
-            if nonblocking:
-                raws = await capturer.capture()
-            else:
+            if mode == "stop":
                 async with paused(session):
-                    raws = await capturer.capture()
+                    raws = await capturer.capture(then="cont")
+            else:
+                raws = await capturer.capture()
             started = time.perf_counter()
             for raw in raws:
                 analyzer.analyze(raw)
             analysis.append(time.perf_counter() - started)
 
-        totals = await timed_async(count, once)
+        async def primed() -> None:
+            capturer.prepare()
+            await asyncio.sleep(PRIME_LEAD_S)  # untimed: the sampler waits for its tick
+
+        totals = await timed_async(count, once, primed if mode == "nonblocking_primed" else None)
     return [t - a for t, a in zip(totals, analysis, strict=True)], analysis
 
 
-async def timed_async(count: int, once: Callable[[], Awaitable[None]]) -> list[float]:
+async def timed_async(
+    count: int,
+    once: Callable[[], Awaitable[None]],
+    before: Callable[[], Awaitable[None]] | None = None,
+) -> list[float]:
     durations = []
     for _ in range(count):
+        if before is not None:
+            await before()
         started = time.perf_counter()
         await once()
         durations.append(time.perf_counter() - started)
@@ -119,6 +133,7 @@ def main() -> None:
         "floor_nonblocking": [],
         "stop": [],
         "nonblocking": [],
+        "nonblocking_primed": [],
         "naive": [],
         "analysis": [],
     }
@@ -127,8 +142,8 @@ def main() -> None:
         for _ in range(args.rounds):
             times["floor"] += floor_ms(guest, args.samples, "stop")
             times["floor_nonblocking"] += floor_ms(guest, args.samples, "nonblocking")
-            for mode, nonblocking in (("stop", False), ("nonblocking", True)):
-                path, analysis = asyncio.run(qmpprof_ms(guest, ram, args.samples, nonblocking))
+            for mode in ("stop", "nonblocking", "nonblocking_primed"):
+                path, analysis = asyncio.run(qmpprof_ms(guest, ram, args.samples, mode))
                 times[mode] += path
                 times["analysis"] += analysis
             naive, round_depths = naive_ms(guest, args.samples)
@@ -150,6 +165,7 @@ def main() -> None:
                 "stop_ms": round(ms["stop"], 3),
                 "floor_nonblocking_ms": round(ms["floor_nonblocking"], 3),
                 "nonblocking_ms": round(ms["nonblocking"], 3),
+                "nonblocking_primed_ms": round(ms["nonblocking_primed"], 3),
                 "naive_ms": round(ms["naive"], 3),
                 "analysis_ms": round(ms["analysis"], 3),
                 "naive_depth": depth,

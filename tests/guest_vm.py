@@ -59,7 +59,7 @@ class BareQmp:
         message: dict[str, object] = {"execute": command}
         if arguments:
             message["arguments"] = arguments
-        self._stream.write(json.dumps(message) + "\n")
+        self._stream.write(json.dumps(message, separators=(",", ":")) + "\n")  # as qmpprof
         self._stream.flush()
         while True:
             line = self._stream.readline()
@@ -70,6 +70,7 @@ class BareQmp:
                 return reply.get("return", reply)
 
     def close(self) -> None:
+        self._stream.close()  # the socket stays open while its file object is
         self._sock.close()
 
 
