@@ -192,15 +192,19 @@ class QmpSession:
         else:
             data = self._complete_primed() + encoded
         self._write(data, command)
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._protocol.pending.append(future)
+        # A bare timer, not asyncio.timeout(): 35 us less a command (bench/sample_cost.py).
+        timer = loop.call_at(loop.time() + COMMAND_TIMEOUT_S, _expire, future)
         try:
-            async with asyncio.timeout(COMMAND_TIMEOUT_S):
-                return await future
+            return await future
         except TimeoutError as err:
             raise CommandFailed(command, f"no answer within {COMMAND_TIMEOUT_S:g} s") from err
         except (OSError, EOFError, ValueError) as err:
             raise TargetGone(f"QEMU closed the QMP connection during {command!r}") from err
+        finally:
+            timer.cancel()
 
     def peer_socket(self) -> Any:
         """The connected socket (to ask the kernel who QEMU is), or None."""
@@ -236,6 +240,11 @@ class QmpSession:
 _NOT_QMP = "not a QMP socket (the other end did not greet like QEMU)"
 #: A command's closing brace and newline: what `execute` sends of a primed command.
 _LAST_BYTES = 2
+
+
+def _expire(future: asyncio.Future[dict[str, Any]]) -> None:
+    if not future.done():  # its reply, if it ever comes, is skipped (the future is done)
+        future.set_exception(TimeoutError())
 
 
 def _hmp_arguments(command_line: str, cpu: int | None) -> dict[str, object]:
