@@ -100,7 +100,7 @@ async def qmpprof_ms(
             analysis.append(time.perf_counter() - started)
 
         async def primed() -> None:
-            capturer.prepare()
+            capturer.prime()
             await asyncio.sleep(PRIME_LEAD_S)  # untimed: the sampler waits for its tick
 
         totals = await timed_async(count, once, primed if mode == "nonblocking_primed" else None)

@@ -66,7 +66,7 @@ class Capturer:
         cpus = self._config.cpus
         return [await self._one(regs, now) for regs in registers if not cpus or regs.vcpu in cpus]
 
-    def prepare(self) -> None:
+    def prime(self) -> None:
         """Have QEMU read the next capture's register request already (QmpSession.prime):
         it then starts with the request's last bytes. Harmless: the request reads."""
         self._session.hmp_prime(REGISTERS)

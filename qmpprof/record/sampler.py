@@ -83,7 +83,7 @@ async def sample_loop(
         slot = schedule.next_slot(time.monotonic())
         stats.missed += slot.missed
         if config.nonblocking and slot.deadline - time.monotonic() >= PRIME_LEAD_S:
-            capturer.prepare()  # QEMU reads the request while we analyse and wait
+            capturer.prime()  # QEMU reads the request while we analyse and wait
         if on_idle is not None:
             on_idle(slot.deadline)
         if _past_end(config, start, slot.deadline) or await _wait_until(slot.deadline, stop):
