@@ -36,7 +36,7 @@ bench: deps guest  ## benchmarks, TCG by default (ACCEL=kvm where KVM works); ea
 lint: deps  ## ruff (lint + format check) and mypy --strict
 	$(BIN)/ruff check qmpprof tests $(wildcard bench)
 	$(BIN)/ruff format --check qmpprof tests $(wildcard bench)
-	$(BIN)/mypy qmpprof
+	$(BIN)/mypy qmpprof $(wildcard bench)
 
 format: deps  ## reformat the code with ruff
 	$(BIN)/ruff format qmpprof tests $(wildcard bench)

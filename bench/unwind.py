@@ -81,7 +81,7 @@ class NaiveUnwinder:
             if row is None:
                 break
             cfa_rule = row["cfa"]
-            cfa = regs[cfa_rule.reg] + cfa_rule.offset  # type: ignore[attr-defined, operator]
+            cfa = regs[cfa_rule.reg] + cfa_rule.offset  # type: ignore[attr-defined]
             caller = list(regs)
             caller[RSP] = cfa
             ra = row.get(16)
@@ -98,7 +98,8 @@ class NaiveUnwinder:
 
     def _is_signal(self, address: int) -> bool:
         index = bisect.bisect_right(self._starts, address) - 1
-        return b"S" in bytes(self._fdes[index].cie.header.get("augmentation") or b"")
+        cie = self._fdes[index].cie
+        return cie is not None and b"S" in bytes(cie.header.get("augmentation") or b"")
 
 
 def naive(samples: list[RawSample], kernel: Path) -> tuple[list[list[int]], float]:
