@@ -14,7 +14,15 @@ import pytest
 
 from tests.guest_vm import Guest, boot_guest, stop_guest
 
-__all__ = ["Guest", "boot_guest", "dump_json", "record_folded", "run_qmpprof", "stop_guest"]
+__all__ = [
+    "Guest",
+    "boot_guest",
+    "dump_json",
+    "record_args",
+    "record_folded",
+    "run_qmpprof",
+    "stop_guest",
+]
 
 
 @pytest.fixture
@@ -42,6 +50,21 @@ def run_qmpprof(*args: str, timeout: float = 120) -> subprocess.CompletedProcess
     )
 
 
+def record_args(qmp: str, kernel: Path, seconds: int, output: Path, *extra: str) -> list[str]:
+    """qmpprof's arguments to record the QEMU at `qmp` for `seconds` into `output`."""
+    return [
+        "--qmp-socket",
+        qmp,
+        "--kernel",
+        str(kernel),
+        "--duration",
+        str(seconds),
+        "-o",
+        str(output),
+        *extra,
+    ]
+
+
 def dump_json(guest: Guest, *extra: str) -> list[dict[str, Any]]:
     """The vCPUs of `qmpprof dump --json` against `guest` (with its kernel)."""
     done = run_qmpprof(
@@ -56,17 +79,7 @@ def record_folded(
     guest: Guest, output: Path, seconds: int, *extra: str
 ) -> tuple[str, list[tuple[list[str], int]]]:
     """Record `guest` into folded stacks: (qmpprof's stdout, [(frames root first, count)])."""
-    done = run_qmpprof(
-        "--qmp-socket",
-        guest.qmp,
-        "--kernel",
-        str(guest.kernel),
-        "--duration",
-        str(seconds),
-        "-o",
-        str(output),
-        *extra,
-    )
+    done = run_qmpprof(*record_args(guest.qmp, guest.kernel, seconds, output, *extra))
     assert done.returncode == 0, done.stderr
     stacks = []
     for line in output.read_text().splitlines():

@@ -6,7 +6,7 @@ import json
 import socket
 from pathlib import Path
 
-from tests.integration.conftest import Guest, run_qmpprof
+from tests.integration.conftest import Guest, record_args, run_qmpprof
 from tests.unit.conftest import build_elf
 
 
@@ -30,16 +30,7 @@ def test_a_kernel_that_is_not_the_guests(guest: Guest, tmp_path: Path) -> None:
     wrong = build_elf("symbols.c", tmp_path, "-O1")
     done = run_qmpprof("dump", "--qmp-socket", guest.qmp, "--kernel", str(wrong))
     assert_one_line_error(done.stderr, done.returncode, "does not match the guest")
-    record = run_qmpprof(
-        "--qmp-socket",
-        guest.qmp,
-        "--kernel",
-        str(wrong),
-        "--duration",
-        "5",
-        "-o",
-        str(tmp_path / "p.folded"),
-    )
+    record = run_qmpprof(*record_args(guest.qmp, wrong, 5, tmp_path / "p.folded"))
     assert_one_line_error(record.stderr.splitlines()[-1], record.returncode, "does not match")
     assert guest.status() == "running"
 
@@ -57,16 +48,7 @@ def test_dump_leaves_a_running_vm_running_and_a_paused_vm_paused(guest: Guest) -
 
 def test_record_never_resumes_a_vm_paused_by_the_user(guest: Guest, tmp_path: Path) -> None:
     guest.qmp_call("stop")
-    done = run_qmpprof(
-        "--qmp-socket",
-        guest.qmp,
-        "--kernel",
-        str(guest.kernel),
-        "--duration",
-        "1",
-        "-o",
-        str(tmp_path / "p.folded"),
-    )
+    done = run_qmpprof(*record_args(guest.qmp, guest.kernel, 1, tmp_path / "p.folded"))
     assert done.returncode == 0, done.stderr
     assert "skipped while the VM was paused by others" in done.stdout
     assert guest.status() == "paused"

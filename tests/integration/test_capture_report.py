@@ -5,23 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.integration.conftest import Guest, run_qmpprof
+from tests.integration.conftest import Guest, record_args, run_qmpprof
 
 
 def test_report_reproduces_the_recorded_folded_output(guest: Guest, workdir: Path) -> None:
     recorded, capture = workdir / "live.folded", workdir / "live.qmpcap"
     done = run_qmpprof(
-        "--qmp-socket",
-        guest.qmp,
-        "--kernel",
-        str(guest.kernel),
-        "--duration",
-        "3",
-        "-o",
-        str(recorded),
-        "-o",
-        str(capture),
-        "--capture-memory",
+        *record_args(guest.qmp, guest.kernel, 3, recorded, "-o", str(capture), "--capture-memory")
     )
     assert done.returncode == 0, done.stderr
     assert recorded.read_text().strip()

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.integration.conftest import Guest, record_folded
+from tests.integration.conftest import Guest, record_args, record_folded
 
 #: The guest's documented chains (examples/guest/README.md), heaviest first, root first.
 CHAINS = [
@@ -43,19 +43,7 @@ def test_ten_seconds_give_the_documented_chains_in_order(guest: Guest, workdir: 
 def start_record(guest: Guest, output: Path) -> subprocess.Popen[str]:
     """Start a long recording and return once it says it is recording."""
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "qmpprof",
-            "--qmp-socket",
-            guest.qmp,
-            "--kernel",
-            str(guest.kernel),
-            "--duration",
-            "300",
-            "-o",
-            str(output),
-        ],
+        [sys.executable, "-m", "qmpprof", *record_args(guest.qmp, guest.kernel, 300, output)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
