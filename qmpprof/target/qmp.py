@@ -161,9 +161,9 @@ class QmpSession:
 
         Only for a command that is harmless to run early, or that the caller sends before
         any other: executing a different command first completes the primed one (its
-        reply is dropped). A primed command never
-        completed is forgotten by QEMU when the connection closes. A hint: does nothing
-        once QEMU has gone (the next `execute` says so).
+        reply is dropped). A primed command never completed is forgotten by QEMU when
+        the connection closes. A hint: does nothing once QEMU has gone (the next
+        `execute` says so).
         """
         encoded = _encode(command, arguments)
         if encoded == self._primed or self._protocol.closed is not None:

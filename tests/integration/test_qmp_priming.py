@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from qmpprof.analysis import Analyzer
+from qmpprof.model import RawSample
 from qmpprof.modules import load_module
 from qmpprof.record.capture import REGISTERS, CaptureConfig, Capturer
 from qmpprof.record.sampler import LoopConfig, sample_loop
@@ -89,7 +90,7 @@ async def test_sampling_with_primed_commands_leaves_the_vm_running_and_replies_i
     try:
         analyzer = Analyzer(load_module(guest.kernel))
         capturer = Capturer(session, memory, analyzer, CaptureConfig())
-        taken = []
+        taken: list[RawSample] = []
         config = LoopConfig(1 / 200, 0.5, nonblocking=nonblocking)
         stats = await sample_loop(session, capturer, config, asyncio.Event(), taken.extend)
         assert stats.ticks > 1 and stats.failed == 0, stats.last_error
