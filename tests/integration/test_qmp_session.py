@@ -1,7 +1,10 @@
-"""QmpSession against a real QEMU that does not answer: a command fails after the
-timeout instead of waiting forever."""
+"""QmpSession against a real QEMU that answers late or never: a command fails after the
+timeout instead of waiting forever, and a slow reply does not hold up the event loop."""
 
 from __future__ import annotations
+
+import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -25,3 +28,31 @@ async def test_a_command_qemu_never_answers_fails_after_the_timeout(
             await session.execute("query-status")
     finally:
         await session.close()
+
+
+async def test_a_slow_reply_leaves_the_event_loop_to_other_tasks(
+    guest: Guest, tmp_path: Path
+) -> None:
+    # Saving 64 MiB of guest RAM takes QEMU tens of milliseconds: far longer than
+    # QmpSession reads the socket directly before it waits through the event loop.
+    size = 64 << 20
+    turns = 0
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    session = await QmpSession.connect(guest.qmp)
+    counter = asyncio.create_task(count_turns())
+    try:
+        saved = tmp_path / "ram"
+        await session.execute("pmemsave", {"val": 0, "size": size, "filename": str(saved)})
+        turns_during_command = turns
+        assert saved.stat().st_size == size
+        assert await session.is_running()
+    finally:
+        counter.cancel()
+        await session.close()
+    assert turns_during_command > 0
