@@ -151,10 +151,14 @@ class Analyzer:
 
     def analyze(self, raw: RawSample) -> Sample:
         """Unwind, symbolize and label one vCPU's capture."""
+        return self.symbolize(raw, *self.unwound(raw))
+
+    def unwound(self, raw: RawSample) -> tuple[UnwoundStack, Process | None]:
+        """`raw`'s stack and process: as `missing_address` left them, else found now."""
         remembered = self._remembered.pop(id(raw), None)
         if remembered is not None and remembered[0] is raw:
-            return self.symbolize(raw, remembered[1], remembered[2])
-        return self.symbolize(raw, self.unwind(raw), self.process(raw))
+            return remembered[1], remembered[2]
+        return self.unwind(raw), self.process(raw)
 
     def _remember(self, raw: RawSample, stack: UnwoundStack, process: Process | None) -> None:
         if len(self._remembered) >= MAX_REMEMBERED:  # samples never analysed: drop the oldest

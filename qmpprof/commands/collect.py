@@ -50,8 +50,7 @@ class Collector:
             self.profile.last_error = f"{type(err).__name__}: {err}"
 
     def _analyse(self, raw: RawSample) -> None:
-        stack = self.analyzer.unwind(raw)
-        process = self.analyzer.process(raw)
+        stack, process = self.analyzer.unwound(raw)
         for capture in self._captures:
             capture.add(CapturedSample(raw, stack, process))
         self.add(self.analyzer.symbolize(raw, stack, process))

@@ -3,8 +3,10 @@
 from pathlib import Path
 
 from qmpprof.analysis import MAX_REMEMBERED, Analyzer
+from qmpprof.commands.collect import Collector
 from qmpprof.memory import MemoryReader
 from qmpprof.model import MemoryWindow, Process, RawSample, RegisterSet
+from qmpprof.profile import Profile
 from qmpprof.target.registers import parse_all
 
 DATA = Path(__file__).parent / "data"
@@ -36,6 +38,16 @@ def test_analysis_after_capture_reuses_the_capture_time_work() -> None:
     sample = analyzer.analyze(raw)
     assert adapter.calls == 1
     assert sample == Analyzer(adapter=CountingAdapter()).analyze(raw)
+
+
+def test_the_recorder_reuses_the_capture_time_work_too() -> None:
+    adapter = CountingAdapter()
+    collector = Collector(Analyzer(adapter=adapter), Profile())
+    raw = raw_sample()
+    assert collector.analyzer.missing_address(raw) is None
+    collector.add_raw(raw)
+    assert adapter.calls == 1
+    assert collector.samples == [Analyzer(adapter=CountingAdapter()).analyze(raw)]
 
 
 def test_an_equal_but_other_sample_is_analysed_afresh() -> None:
