@@ -48,36 +48,6 @@
     popq %rdx
     popq %rcx
     popq %rax
-.endm
-
-    .text
-    .code64
-
-/* ------------------------------------------------------------------ */
-/* Timer (vector 0x20): PIT IRQ0 in the kernel workload; in the user
- * workload the LAPIC timer of every CPU (the C handler sends the LAPIC EOI;
- * the 8259 is masked, so the PIC EOI below is a no-op there). */
-    .globl timer_irq_entry
-    .type timer_irq_entry, @function
-timer_irq_entry:
-    .cfi_startproc simple
-    .cfi_signal_frame
-    .cfi_def_cfa %rsp, 40            /* hardware frame: RIP CS RFLAGS RSP SS */
-    .cfi_offset %rip, -40
-    .cfi_offset %rsp, -16
-    pushq %rbp
-    .cfi_adjust_cfa_offset 8
-    .cfi_offset %rbp, -48
-    movq %rsp, %rbp
-    .cfi_def_cfa_register %rbp       /* CFA = rbp + 48 from here on */
-    SAVE_SCRATCH 48
-    subq $8, %rsp                    /* 16-byte alignment for the call */
-    cld
-    call timer_interrupt_handler
-    movb $0x20, %al                  /* EOI to the master 8259 */
-    outb %al, $0x20
-    addq $8, %rsp
-    RESTORE_SCRATCH
     .cfi_restore %rax
     .cfi_restore %rcx
     .cfi_restore %rdx
@@ -87,26 +57,69 @@ timer_irq_entry:
     .cfi_restore %r9
     .cfi_restore %r10
     .cfi_restore %r11
+.endm
+
+/* Start stub \name, entered by the CPU with its frame (RIP CS RFLAGS RSP SS) at
+ * rsp + \cfa - 40: CFI for a signal frame whose rip and rsp the CPU saved. */
+.macro STUB_START name, cfa=40
+    .globl \name
+    .type \name, @function
+\name:
+    .cfi_startproc simple
+    .cfi_signal_frame
+    .cfi_def_cfa %rsp, \cfa
+    .cfi_offset %rip, -40
+    .cfi_offset %rsp, -16
+.endm
+
+.macro STUB_END name
+    .cfi_endproc
+    .size \name, . - \name
+.endm
+
+/* Before a stub calls C: the rbp frame of the layout above, scratch registers saved,
+ * the stack aligned for the call. */
+.macro ENTER_C
+    pushq %rbp
+    .cfi_adjust_cfa_offset 8
+    .cfi_offset %rbp, -48
+    movq %rsp, %rbp
+    .cfi_def_cfa_register %rbp       /* CFA = rbp + 48 from here on */
+    SAVE_SCRATCH 48
+    subq $8, %rsp                    /* 16-byte alignment for the call */
+    cld
+.endm
+
+/* After the C call: undo ENTER_C and return from the interrupt. */
+.macro LEAVE_C_AND_IRET
+    addq $8, %rsp
+    RESTORE_SCRATCH
     popq %rbp
     .cfi_def_cfa %rsp, 40
     .cfi_restore %rbp
     iretq
-    .cfi_endproc
-    .size timer_irq_entry, . - timer_irq_entry
+.endm
+
+    .text
+    .code64
+
+/* ------------------------------------------------------------------ */
+/* Timer (vector 0x20): PIT IRQ0 in the kernel workload; in the user
+ * workload the LAPIC timer of every CPU (the C handler sends the LAPIC EOI;
+ * the 8259 is masked, so the PIC EOI below is a no-op there). */
+    STUB_START timer_irq_entry
+    ENTER_C
+    call timer_interrupt_handler
+    movb $0x20, %al                  /* EOI to the master 8259 */
+    outb %al, $0x20
+    LEAVE_C_AND_IRET
+    STUB_END timer_irq_entry
 
 /* ------------------------------------------------------------------ */
 /* Masked / spurious PIC interrupts (vectors 0x21-0x2f): ignore. */
-    .globl irq_ignore_entry
-    .type irq_ignore_entry, @function
-irq_ignore_entry:
-    .cfi_startproc simple
-    .cfi_signal_frame
-    .cfi_def_cfa %rsp, 40
-    .cfi_offset %rip, -40
-    .cfi_offset %rsp, -16
+    STUB_START irq_ignore_entry
     iretq
-    .cfi_endproc
-    .size irq_ignore_entry, . - irq_ignore_entry
+    STUB_END irq_ignore_entry
 
 /* ------------------------------------------------------------------ */
 /*
@@ -118,99 +131,30 @@ irq_ignore_entry:
  * CS, RIP, so the unwinder goes syscall_dispatch -> syscall_entry -> the user
  * function that executed `int $0x80` (RIP = the instruction after it).
  */
-    .globl syscall_entry
-    .type syscall_entry, @function
-syscall_entry:
-    .cfi_startproc simple
-    .cfi_signal_frame
-    .cfi_def_cfa %rsp, 40            /* hardware frame: RIP CS RFLAGS RSP SS */
-    .cfi_offset %rip, -40
-    .cfi_offset %rsp, -16
-    pushq %rbp
-    .cfi_adjust_cfa_offset 8
-    .cfi_offset %rbp, -48
-    movq %rsp, %rbp
-    .cfi_def_cfa_register %rbp       /* CFA = rbp + 48 from here on */
-    SAVE_SCRATCH 48
-    subq $8, %rsp                    /* 16-byte alignment for the call */
-    cld
+    STUB_START syscall_entry
+    ENTER_C
     movq %rsi, %rdx                  /* syscall_dispatch(nr, a1, a2) */
     movq %rdi, %rsi
     movq %rax, %rdi
     call syscall_dispatch
     movq %rax, -8(%rbp)              /* result replaces the saved rax */
-    addq $8, %rsp
-    RESTORE_SCRATCH
-    .cfi_restore %rax
-    .cfi_restore %rcx
-    .cfi_restore %rdx
-    .cfi_restore %rsi
-    .cfi_restore %rdi
-    .cfi_restore %r8
-    .cfi_restore %r9
-    .cfi_restore %r10
-    .cfi_restore %r11
-    popq %rbp
-    .cfi_def_cfa %rsp, 40
-    .cfi_restore %rbp
-    iretq
-    .cfi_endproc
-    .size syscall_entry, . - syscall_entry
+    LEAVE_C_AND_IRET
+    STUB_END syscall_entry
 
 /* ------------------------------------------------------------------ */
 /* Reschedule IPI (user workload, RESCHED_VECTOR): sent to an idle CPU when
  * a process wakes up. The C handler sends the LAPIC EOI itself (before it
  * may switch to another context). Same frame and CFI as timer_irq_entry. */
-    .globl resched_irq_entry
-    .type resched_irq_entry, @function
-resched_irq_entry:
-    .cfi_startproc simple
-    .cfi_signal_frame
-    .cfi_def_cfa %rsp, 40
-    .cfi_offset %rip, -40
-    .cfi_offset %rsp, -16
-    pushq %rbp
-    .cfi_adjust_cfa_offset 8
-    .cfi_offset %rbp, -48
-    movq %rsp, %rbp
-    .cfi_def_cfa_register %rbp
-    SAVE_SCRATCH 48
-    subq $8, %rsp
-    cld
+    STUB_START resched_irq_entry
+    ENTER_C
     call resched_interrupt_handler
-    addq $8, %rsp
-    RESTORE_SCRATCH
-    .cfi_restore %rax
-    .cfi_restore %rcx
-    .cfi_restore %rdx
-    .cfi_restore %rsi
-    .cfi_restore %rdi
-    .cfi_restore %r8
-    .cfi_restore %r9
-    .cfi_restore %r10
-    .cfi_restore %r11
-    popq %rbp
-    .cfi_def_cfa %rsp, 40
-    .cfi_restore %rbp
-    iretq
-    .cfi_endproc
-    .size resched_irq_entry, . - resched_irq_entry
+    LEAVE_C_AND_IRET
+    STUB_END resched_irq_entry
 
 /* ------------------------------------------------------------------ */
 /* CPU exceptions 0-31: report on serial and stop (exception_handler). */
 .macro EXC_STUB vec, has_error
-    .globl exc_stub_\vec
-    .type exc_stub_\vec, @function
-exc_stub_\vec:
-    .cfi_startproc simple
-    .cfi_signal_frame
-    .if \has_error
-    .cfi_def_cfa %rsp, 48
-    .else
-    .cfi_def_cfa %rsp, 40
-    .endif
-    .cfi_offset %rip, -40
-    .cfi_offset %rsp, -16
+    STUB_START exc_stub_\vec, (40 + 8 * \has_error)
     .if \has_error == 0
     pushq $0
     .cfi_adjust_cfa_offset 8
@@ -218,8 +162,7 @@ exc_stub_\vec:
     pushq $\vec
     .cfi_adjust_cfa_offset 8
     jmp exception_common
-    .cfi_endproc
-    .size exc_stub_\vec, . - exc_stub_\vec
+    STUB_END exc_stub_\vec
 .endm
 
 EXC_STUB 0, 0
