@@ -12,6 +12,8 @@ import os
 import gdb  # type: ignore[import-not-found]
 
 BELOW_RSP = 128
+#: In DWARF order, as qmpprof.unwind.rules numbers them; spelled out, not imported: this
+#: runs in GDB's own Python, and an oracle should share no code with what it checks.
 REGISTERS = (
     "rax",
     "rdx",
