@@ -17,18 +17,17 @@ from qmpprof.record.sampler import LoopConfig, RecordStats, sample_loop
 from qmpprof.record.schedule import Schedule
 from qmpprof.target.memory import open_memory
 from qmpprof.target.qmp import QmpSession, paused
-from tests.guest_vm import BareQmp, Guest, boot_guest, stop_guest
+from tests.guest_vm import BareQmp, Guest, running_guest, scratch_ram_file
 
 
 @contextmanager
 def booted_guest(*boot_args: str) -> Iterator[Guest]:
     """The example guest running in QEMU for the duration of the block."""
-    with tempfile.TemporaryDirectory(prefix="qmpprof-bench-") as directory:
-        guest = boot_guest(Path(directory), *boot_args)
-        try:
-            yield guest
-        finally:
-            stop_guest(guest)
+    with (
+        tempfile.TemporaryDirectory(prefix="qmpprof-bench-") as directory,
+        running_guest(Path(directory), *boot_args) as guest,
+    ):
+        yield guest
 
 
 @asynccontextmanager
@@ -133,11 +132,8 @@ def median(values: list[float]) -> float:
 @contextmanager
 def booted_with_ram_file(*boot_args: str) -> Iterator[tuple[Guest, Path]]:
     """The example guest with its RAM in a file under /dev/shm that we can map."""
-    with (
-        tempfile.NamedTemporaryFile(prefix="qmpprof-bench-", suffix=".ram", dir="/dev/shm") as ram,
-        booted_guest("--memory-backend", ram.name, *boot_args) as guest,
-    ):
-        yield guest, Path(ram.name)
+    with scratch_ram_file() as ram, booted_guest("--memory-backend", ram, *boot_args) as guest:
+        yield guest, Path(ram)
 
 
 #: The HMP command that gives every vCPU's registers, as QMP arguments.

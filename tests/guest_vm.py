@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,3 +97,25 @@ def boot_guest(workdir: Path, *extra: str) -> Guest:
 
 def stop_guest(guest: Guest) -> None:
     subprocess.run([str(BOOT), "stop", str(guest.pid)], check=False, timeout=60)
+
+
+@contextmanager
+def running_guest(workdir: Path, *extra: str) -> Iterator[Guest]:
+    """The example guest booted with boot.sh's `extra` arguments, stopped when the block
+    ends however it ends."""
+    guest = boot_guest(workdir, *extra)
+    try:
+        yield guest
+    finally:
+        stop_guest(guest)
+
+
+@contextmanager
+def scratch_ram_file() -> Iterator[str]:
+    """A fresh path under /dev/shm for a guest's RAM (boot.sh --memory-backend), removed
+    when the block ends: QEMU creates the file even when the boot then fails."""
+    path = Path(f"/dev/shm/qmpprof-test-{uuid.uuid4().hex[:12]}.ram")
+    try:
+        yield str(path)
+    finally:
+        path.unlink(missing_ok=True)

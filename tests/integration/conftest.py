@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
-from tests.guest_vm import Guest, boot_guest, stop_guest
+from tests.guest_vm import Guest, running_guest, scratch_ram_file
 
 __all__ = [
     "Guest",
-    "boot_guest",
     "dump_json",
     "record_args",
     "record_folded",
     "run_qmpprof",
-    "stop_guest",
+    "running_guest",
+    "scratch_ram_file",
 ]
 
 
@@ -36,11 +36,8 @@ def workdir() -> Iterator[Path]:
 
 @pytest.fixture
 def guest(workdir: Path) -> Iterator[Guest]:
-    booted = boot_guest(workdir, "--accel", os.environ.get("ACCEL", "tcg"))
-    try:
+    with running_guest(workdir, "--accel", os.environ.get("ACCEL", "tcg")) as booted:
         yield booted
-    finally:
-        stop_guest(booted)
 
 
 def run_qmpprof(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

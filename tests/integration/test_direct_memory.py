@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from qmpprof.target.memory import MemsaveMemory, as_qmp_int64
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.ram_layout import DirectMemoryUnavailable
 from qmpprof.target.registers import parse_all
-from tests.integration.conftest import Guest, boot_guest, stop_guest
+from tests.integration.conftest import Guest, running_guest, scratch_ram_file
 
 SYMBOLS = ("kernel_main", "workload_progress", "cpu_current")
 #: Addresses the example guest maps nowhere: the user half's top, and the kernel half
@@ -44,19 +43,15 @@ _GPA = re.compile(r"gpa: 0x([0-9a-f]+)")
 def booted(request: pytest.FixtureRequest, workdir: Path) -> Iterator[tuple[Guest, str | None]]:
     """The example guest with 2 vCPUs; for "mmap" its RAM in a file under /dev/shm."""
     extra = ["--accel", os.environ.get("ACCEL", "tcg"), "--smp", "2"]
-    mem_path = None
-    if request.param == "mmap":
-        mem_path = f"/dev/shm/qmpprof-it-{uuid.uuid4().hex[:12]}.ram"
-        extra += ["--memory-backend", mem_path]
-    try:
-        guest = boot_guest(workdir, *extra)
-        try:
-            yield guest, mem_path
-        finally:
-            stop_guest(guest)
-    finally:  # QEMU creates the file even when the boot then fails
-        if mem_path is not None and os.path.exists(mem_path):
-            os.unlink(mem_path)
+    if request.param == "proc":
+        with running_guest(workdir, *extra) as guest:
+            yield guest, None
+        return
+    with (
+        scratch_ram_file() as mem_path,
+        running_guest(workdir, *extra, "--memory-backend", mem_path) as guest,
+    ):
+        yield guest, mem_path
 
 
 async def test_direct_memory_agrees_with_qemu(
@@ -167,15 +162,14 @@ def _symbols(kernel: Path) -> list[int]:
 
 
 async def test_a_file_qemu_does_not_use_is_refused(guest: Guest) -> None:
-    other = f"/dev/shm/qmpprof-it-{uuid.uuid4().hex[:12]}.ram"
-    Path(other).write_bytes(bytes(4096))
-    session = await QmpSession.connect(guest.qmp)
-    try:
-        with pytest.raises(DirectMemoryUnavailable, match="no memory-backend-file"):
-            await open_direct(session, other)
-    finally:
-        await session.close()
-        os.unlink(other)
+    with scratch_ram_file() as other:
+        Path(other).write_bytes(bytes(4096))
+        session = await QmpSession.connect(guest.qmp)
+        try:
+            with pytest.raises(DirectMemoryUnavailable, match="no memory-backend-file"):
+                await open_direct(session, other)
+        finally:
+            await session.close()
 
 
 async def test_direct_memory_needs_the_ticks_registers() -> None:

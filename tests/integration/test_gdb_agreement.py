@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Guest, boot_guest, dump_json, stop_guest
+from tests.integration.conftest import Guest, dump_json, running_guest
 from tests.integration.gdb_mi import GdbFrame, GdbMi
 
 REQUIRED_AGREEMENT = 0.99
@@ -72,13 +72,13 @@ def agree(gdb: list[GdbFrame], ours: Frames) -> bool:
 @contextmanager
 def guest_under_gdb(workdir: Path, *boot_args: str) -> Iterator[tuple[Guest, GdbMi]]:
     """The example guest under TCG with GDB/MI attached to its gdbstub."""
-    guest = boot_guest(workdir, "--gdb", str(workdir / "gdb.sock"), "--accel", "tcg", *boot_args)
-    gdb = GdbMi(guest.kernel, guest.gdb)
-    try:
-        yield guest, gdb
-    finally:
-        gdb.close()
-        stop_guest(guest)
+    gdb_socket = str(workdir / "gdb.sock")
+    with running_guest(workdir, "--gdb", gdb_socket, "--accel", "tcg", *boot_args) as guest:
+        gdb = GdbMi(guest.kernel, guest.gdb)
+        try:
+            yield guest, gdb
+        finally:
+            gdb.close()
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ directly; neither may leave a reply out of step or the VM paused.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from qmpprof.record.sampler import LoopConfig, sample_loop
 from qmpprof.target.memory import open_memory
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.registers import parse_all
-from tests.integration.conftest import Guest, boot_guest, stop_guest
+from tests.integration.conftest import Guest, running_guest, scratch_ram_file
 
 
 @pytest.fixture
@@ -69,15 +68,11 @@ async def test_a_primed_command_never_completed_is_forgotten_with_the_connection
 
 @pytest.fixture
 def guest_with_ram_file(workdir: Path) -> Iterator[tuple[Guest, str]]:
-    ram = f"/dev/shm/qmpprof-it-{uuid.uuid4().hex[:12]}.ram"
-    try:
-        booted = boot_guest(workdir, "--accel", "tcg", "--memory-backend", ram)
-        try:
-            yield booted, ram
-        finally:
-            stop_guest(booted)
-    finally:
-        Path(ram).unlink(missing_ok=True)
+    with (
+        scratch_ram_file() as ram,
+        running_guest(workdir, "--accel", "tcg", "--memory-backend", ram) as booted,
+    ):
+        yield booted, ram
 
 
 @pytest.mark.parametrize("nonblocking", [False, True], ids=["stop", "nonblocking"])

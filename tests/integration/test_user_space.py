@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.guest_vm import Guest, boot_guest, stop_guest
+from tests.guest_vm import Guest, running_guest
 from tests.integration.conftest import record_folded
 from tests.unit.conftest import build_elf
 
@@ -27,12 +27,11 @@ CHAIN_TOLERANCE = 0.08
 def user_guest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guest]:
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="qmpprof-us-") as name:
-        guest = boot_guest(Path(name), "--accel", "tcg", "--workload", "user", "--smp", "2")
-        try:
-            yield guest
-        finally:
-            stop_guest(guest)
+    with (
+        tempfile.TemporaryDirectory(prefix="qmpprof-us-") as name,
+        running_guest(Path(name), "--accel", "tcg", "--workload", "user", "--smp", "2") as guest,
+    ):
+        yield guest
 
 
 def record(guest: Guest, output: Path, *extra: str) -> tuple[str, list[tuple[list[str], int]]]:
