@@ -111,9 +111,11 @@ def _laid_out(text: str) -> dict[str, str] | None:
     """The values, if the text has QEMU 7's layout (general registers first, then the
     segments, CR0..CR4 and EFER lines); None otherwise."""
     general = _LONG_MODE.match(text) or _LEGACY_MODE.match(text)
+    if general is None:
+        return None
     control = _line(_CONTROL, text, "\nCR0=")
     efer = _line(_EFER, text, "\nEFER=")
-    if general is None or control is None or efer is None:
+    if control is None or efer is None:
         return None
     return general.groupdict() | control.groupdict() | efer.groupdict()
 
