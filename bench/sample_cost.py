@@ -4,7 +4,10 @@
                   (stop, info registers -a, cont), no memory reads, no unwinding
   floor_nonblocking_ms  the same for a sample of the running VM (info registers -a)
   stop_ms         qmpprof's sampling path in stop mode: pause, registers, stack (direct
-                  memory, on demand), resume
+                  memory, on demand), resume; with `stop` primed ahead of the tick, as
+                  the sampler does whenever half a millisecond is left before a tick
+                  (always, at the rates stop mode reaches)
+  stop_unprimed_ms  the same with `stop` sent whole (ticks back to back)
   analysis_ms     what is left of the analysis of one tick after capture (symbols,
                   torn-stack checks; the unwind is done while capturing, to find the
                   memory it needs), which the recorder does between ticks
@@ -31,17 +34,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import REGISTERS, booted_with_ram_file, floor_tick, median, sampling_session
-from qmpprof.record.sampler import PRIME_LEAD_S
-from qmpprof.target.qmp import paused
+from qmpprof.record.sampler import RecordStats, paused_capture, running_capture
 from qmpprof.target.registers import parse_all
 from tests.guest_vm import BareQmp, Guest
 
 DEEP = 8
+#: Untimed, before every tick of every method: the VM runs between a sampler's ticks,
+#: and a `stop` right after a `cont` (ticks back to back) is cheaper than one that must
+#: interrupt a running vCPU. 2 ms is a tick at 500 Hz.
+GAP_S = 0.002
 
 
 def timed(count: int, once: Callable[[], object]) -> list[float]:
     durations = []
     for _ in range(count):
+        time.sleep(GAP_S)
         started = time.perf_counter()
         once()
         durations.append(time.perf_counter() - started)
@@ -89,33 +96,30 @@ async def qmpprof_ms(
     async with sampling_session(guest, mem_path=ram) as (session, analyzer, capturer):
 
         async def once() -> None:
-            if mode == "stop":
-                async with paused(session):
-                    raws = await capturer.capture(then="cont")
-            else:
-                raws = await capturer.capture()
+            capture = paused_capture if mode.startswith("stop") else running_capture
+            raws = await capture(session, capturer, RecordStats()) or []
             started = time.perf_counter()
             for raw in raws:
                 analyzer.analyze(raw)
             analysis.append(time.perf_counter() - started)
 
-        async def primed() -> None:
-            capturer.prime()
-            await asyncio.sleep(PRIME_LEAD_S)  # untimed: the sampler waits for its tick
+        async def before() -> None:
+            if mode == "stop":
+                session.prime("stop")
+            elif mode == "nonblocking_primed":
+                capturer.prime()
+            time.sleep(GAP_S)  # untimed: the sampler waits for its tick
 
-        totals = await timed_async(count, once, primed if mode == "nonblocking_primed" else None)
+        totals = await timed_async(count, once, before)
     return [t - a for t, a in zip(totals, analysis, strict=True)], analysis
 
 
 async def timed_async(
-    count: int,
-    once: Callable[[], Awaitable[None]],
-    before: Callable[[], Awaitable[None]] | None = None,
+    count: int, once: Callable[[], Awaitable[None]], before: Callable[[], Awaitable[None]]
 ) -> list[float]:
     durations = []
     for _ in range(count):
-        if before is not None:
-            await before()
+        await before()
         started = time.perf_counter()
         await once()
         durations.append(time.perf_counter() - started)
@@ -132,6 +136,7 @@ def main() -> None:
         "floor": [],
         "floor_nonblocking": [],
         "stop": [],
+        "stop_unprimed": [],
         "nonblocking": [],
         "nonblocking_primed": [],
         "naive": [],
@@ -142,7 +147,7 @@ def main() -> None:
         for _ in range(args.rounds):
             times["floor"] += floor_ms(guest, args.samples, "stop")
             times["floor_nonblocking"] += floor_ms(guest, args.samples, "nonblocking")
-            for mode in ("stop", "nonblocking", "nonblocking_primed"):
+            for mode in ("stop", "stop_unprimed", "nonblocking", "nonblocking_primed"):
                 path, analysis = asyncio.run(qmpprof_ms(guest, ram, args.samples, mode))
                 times[mode] += path
                 times["analysis"] += analysis
@@ -163,6 +168,7 @@ def main() -> None:
             {
                 "floor_ms": round(ms["floor"], 3),
                 "stop_ms": round(ms["stop"], 3),
+                "stop_unprimed_ms": round(ms["stop_unprimed"], 3),
                 "floor_nonblocking_ms": round(ms["floor_nonblocking"], 3),
                 "nonblocking_ms": round(ms["nonblocking"], 3),
                 "nonblocking_primed_ms": round(ms["nonblocking_primed"], 3),

@@ -62,7 +62,7 @@ class BareQmp:
         message: dict[str, object] = {"execute": command}
         if arguments:
             message["arguments"] = arguments
-        self._stream.write(json.dumps(message, separators=(",", ":")) + "\n")  # as qmpprof
+        self._stream.write(json.dumps(message, separators=(",", ":")))  # as qmpprof sends it
         self._stream.flush()
         while True:
             line = self._stream.readline()

@@ -48,18 +48,19 @@ class Capturer:
         self._config = config
         self._identifier = AddressSpaceIdentifier(memory, analyzer.users)
 
-    async def capture(self, then: str | None = None) -> list[RawSample]:
+    async def capture(self, first: str | None = None, then: str | None = None) -> list[RawSample]:
         """Raw samples of the selected vCPUs as they are now.
 
-        `then`: the QMP command the caller sends next (`cont` for a paused VM). Where
-        memory is read without QEMU, QEMU reads that command while we do
-        (QmpSession.prime), and the VM is paused for less.
+        `first`: a QMP command to run just before (`stop`), in the same round trip as the
+        register request. `then`: the QMP command the caller sends next (`cont` for a
+        paused VM); where memory is read without QEMU, QEMU reads that command while we
+        do (QmpSession.prime), and the VM is paused for less.
 
         Raises TargetGone, CommandFailed or RegisterParseError; a vCPU whose stack
         cannot be read yields a RawSample with `error` set instead.
         """
         now = time.time()
-        registers = parse_all(await self._session.hmp(REGISTERS))
+        registers = parse_all(await self._session.hmp(REGISTERS, first=first))
         if then is not None and not self._memory.through_monitor:
             self._session.prime(then)
         self._memory.set_registers(registers)

@@ -12,7 +12,7 @@ from qmpprof.errors import TargetGone
 from qmpprof.model import RawSample
 from qmpprof.record.capture import Capturer
 from qmpprof.record.schedule import Schedule
-from qmpprof.target.qmp import QmpSession, paused
+from qmpprof.target.qmp import QmpSession, resumed_after
 
 #: This many failed ticks in a row means QEMU is stuck, not unlucky.
 MAX_CONSECUTIVE_FAILURES = 5
@@ -82,8 +82,8 @@ async def sample_loop(
     while stats.ended_by is None:
         slot = schedule.next_slot(time.monotonic())
         stats.missed += slot.missed
-        if config.nonblocking and slot.deadline - time.monotonic() >= PRIME_LEAD_S:
-            capturer.prime()  # QEMU reads the request while we analyse and wait
+        if slot.deadline - time.monotonic() >= PRIME_LEAD_S:
+            _prime_tick(session, capturer, config)
         if on_idle is not None:
             on_idle(slot.deadline)
         if _past_end(config, start, slot.deadline) or await _wait_until(slot.deadline, stop):
@@ -109,9 +109,9 @@ async def _one_tick(
     """Take one tick; returns the updated count of consecutive failures."""
     try:
         if config.nonblocking:
-            samples = await _running_capture(session, capturer, stats)
+            samples = await running_capture(session, capturer, stats)
         else:
-            samples = await _paused_capture(session, capturer, stats)
+            samples = await paused_capture(session, capturer, stats)
     except TargetGone:
         stats.ended_by = "QEMU exited"
         return failures
@@ -130,21 +130,25 @@ async def _one_tick(
     return 0
 
 
-async def _paused_capture(
+async def paused_capture(
     session: QmpSession, capturer: Capturer, stats: RecordStats
 ) -> list[RawSample] | None:
-    """The tick's samples, or None when someone else holds the VM paused."""
-    async with paused(session) as we_paused:
-        if not we_paused:
-            stats.skipped_paused += 1
-            return None
-        held_from = time.monotonic()
-        samples = await capturer.capture(then="cont")
+    """The tick's samples taken with the VM paused; None when someone else holds it
+    paused (the user, GDB), which we leave as it is.
+
+    `stop` goes out with the register request (one round trip) and `cont` is primed
+    while the memory is read; the VM is resumed on every way out."""
+    if not await session.is_running():
+        stats.skipped_paused += 1
+        return None
+    held_from = time.monotonic()
+    async with resumed_after(session):
+        samples = await capturer.capture(first="stop", then="cont")
     stats.paused_s += time.monotonic() - held_from
     return samples
 
 
-async def _running_capture(
+async def running_capture(
     session: QmpSession, capturer: Capturer, stats: RecordStats
 ) -> list[RawSample] | None:
     """The tick's samples taken while the VM runs; None when it is paused (by anyone)."""
@@ -152,6 +156,15 @@ async def _running_capture(
         stats.skipped_paused += 1
         return None
     return await capturer.capture()
+
+
+def _prime_tick(session: QmpSession, capturer: Capturer, config: LoopConfig) -> None:
+    """Have QEMU read the tick's first request while we analyse and wait (QmpSession.prime:
+    if the tick does not send it, it is cancelled, so a primed `stop` never pauses the VM)."""
+    if config.nonblocking:
+        capturer.prime()
+    else:
+        session.prime("stop")
 
 
 def _past_end(config: LoopConfig, start: float, deadline: float) -> bool:

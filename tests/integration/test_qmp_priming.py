@@ -1,8 +1,10 @@
-"""QmpSession.prime against a real QEMU: a command sent but for its last bytes waits in
-QEMU's parser, answers when completed, is completed (its reply dropped) before any other
-command, and is forgotten when the connection closes. The sampler primes `info
-registers -a` in nonblocking mode and `cont` while a paused VM's memory is read
-directly; neither may leave a reply out of step or the VM paused.
+"""QmpSession.prime against a real QEMU: a command sent but for its closing brace waits
+in QEMU's parser, answers when completed, is cancelled unrun (its refusal dropped) when
+another command comes first, and is forgotten when the connection closes. A command
+sent with another (`hmp(..., first=...)`) runs just before it. The sampler primes
+`stop` before each stop-mode tick and sends it with the register request, primes `cont`
+while a paused VM's memory is read directly, and primes `info registers -a` in
+nonblocking mode; none may leave a reply out of step or the VM paused.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from qmpprof.analysis import Analyzer
+from qmpprof.errors import CommandFailed
 from qmpprof.model import RawSample
 from qmpprof.modules import load_module
 from qmpprof.record.capture import REGISTERS, CaptureConfig, Capturer
@@ -39,9 +42,19 @@ async def test_a_primed_request_answers_when_executed(session: QmpSession) -> No
     assert [cpu.vcpu for cpu in parse_all(await session.hmp(REGISTERS))] == [0]
 
 
-async def test_another_command_completes_the_primed_one_and_replies_stay_in_step(
-    session: QmpSession,
-) -> None:
+async def test_another_command_cancels_the_primed_one_unrun(session: QmpSession) -> None:
+    session.prime("stop")
+    assert (await session.execute("query-status"))["status"] == "running"
+    session.prime("stop")
+    session.prime("query-status")  # priming another command cancels the primed one too
+    assert (await session.execute("query-status"))["status"] == "running"
+    session.prime("stop")
+    await session.execute("stop")
+    assert (await session.execute("query-status"))["status"] == "paused"
+    await session.execute("cont")
+
+
+async def test_replies_stay_in_step_around_primed_commands(session: QmpSession) -> None:
     session.hmp_prime(REGISTERS)
     status = await session.execute("query-status")
     assert status["status"] == "running"
@@ -64,6 +77,24 @@ async def test_a_primed_command_never_completed_is_forgotten_with_the_connection
         assert (await second.execute("query-status"))["status"] == "running"
     finally:
         await second.close()
+
+
+async def test_a_command_sent_first_runs_before_the_hmp_command_in_one_round_trip(
+    session: QmpSession,
+) -> None:
+    session.prime("stop")  # as the sampler does: completed by the pipelined `stop`
+    assert "paused" in await session.hmp("info status", first="stop")
+    await session.execute("cont")
+    assert "running" in await session.hmp("info status")
+
+
+async def test_a_failing_first_command_raises_and_replies_stay_in_step(
+    session: QmpSession,
+) -> None:
+    with pytest.raises(CommandFailed, match="no-such-command"):
+        await session.hmp("info version", first="no-such-command")
+    assert (await session.execute("query-status"))["status"] == "running"
+    assert parse_all(await session.hmp(REGISTERS))
 
 
 @pytest.fixture
