@@ -43,6 +43,13 @@ def shares(counts: Counter[str]) -> dict[str, float]:
     return {key: count / total for key, count in counts.items()}
 
 
+def caught_switching(frames: list[str]) -> bool:
+    """A sample inside switch_context after switch_to set cpu_current to the next process
+    but before the stack switch: the next process's label over the previous context's
+    stack (examples/guest/README.md, "Call chains")."""
+    return frames[-1] == "switch_context"
+
+
 def test_processes_chains_and_user_stacks(user_guest: Guest, tmp_path: Path) -> None:
     assert user_guest.user_dir is not None
     out, stacks = record(user_guest, tmp_path / "p.folded", "--user-dir", str(user_guest.user_dir))
@@ -53,7 +60,9 @@ def test_processes_chains_and_user_stacks(user_guest: Guest, tmp_path: Path) -> 
     for frames, count in stacks:
         if frames[0] in PROCESS_SHARES:
             processes[frames[0]] += count
-            assert frames[1] == "_start", f"user stack does not reach _start: {frames}"
+            assert frames[1] == "_start" or caught_switching(frames), (
+                f"user stack does not reach _start: {frames}"
+            )
         if frames[0].startswith("crunch") and len(frames) > 3:
             # A few samples catch crunch between chunks (usys_sleep): not a chain of its own.
             chains[frames[3] if frames[3] in CRUNCH_CHAINS else "other"] += count
