@@ -141,10 +141,14 @@ async def paused_capture(
     if not await session.is_running():
         stats.skipped_paused += 1
         return None
-    held_from = time.monotonic()
+    started = time.monotonic()
+    session.take_last_pause()  # forget pauses before this tick (someone else's)
     async with resumed_after(session):
         samples = await capturer.capture(first="stop", then="cont")
-    stats.paused_s += time.monotonic() - held_from
+    # QEMU's STOP and RESUME timestamps say when the VM really stopped and resumed; the
+    # round trips around them are not pause. Without the events, the tick is an upper bound.
+    pause = session.take_last_pause()
+    stats.paused_s += pause if pause is not None else time.monotonic() - started
     return samples
 
 

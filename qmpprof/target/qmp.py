@@ -61,6 +61,10 @@ class _QmpProtocol(asyncio.Protocol):
         #: One entry per command sent, in order; None for a reply nobody waits for.
         self.pending: deque[asyncio.Future[dict[str, Any]] | None] = deque()
         self.running: bool | None = None
+        #: QEMU's timestamp of the STOP event not yet followed by a RESUME.
+        self.stopped_at: float | None = None
+        #: The last pause QEMU reported (STOP to RESUME, its own timestamps), in seconds.
+        self.last_pause_s: float | None = None
         self.closed: Exception | None = None
         self._buffer = b""
         self._fd = -1
@@ -120,8 +124,17 @@ class _QmpProtocol(asyncio.Protocol):
                 future.set_result(message)
 
     def _event(self, message: dict[str, Any]) -> None:
-        if message["event"] in ("STOP", "RESUME") and self.running is not None:
-            self.running = message["event"] == "RESUME"
+        event = message["event"]
+        if event not in ("STOP", "RESUME"):
+            return
+        if self.running is not None:
+            self.running = event == "RESUME"
+        stamp = _timestamp(message)
+        if event == "STOP":
+            self.stopped_at = stamp
+        elif self.stopped_at is not None and stamp is not None:
+            self.last_pause_s = max(stamp - self.stopped_at, 0.0)
+            self.stopped_at = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(exc or EOFError("QEMU closed the connection"))
@@ -294,6 +307,12 @@ class QmpSession:
             self._protocol.running = bool(status["running"])
         return self._protocol.running
 
+    def take_last_pause(self) -> float | None:
+        """How long the last pause lasted by QEMU's own clock (its STOP and RESUME events'
+        timestamps), once: None if no pause ended since the last call."""
+        pause, self._protocol.last_pause_s = self._protocol.last_pause_s, None
+        return pause
+
     async def stop(self) -> None:
         await self.execute("stop")
 
@@ -307,6 +326,17 @@ _LAST_BYTES = 1
 #: Ends a primed command with a member QEMU refuses before it looks at the command
 #: ("QMP input member '...' is unexpected"): the command is answered with an error, not run.
 _CANCEL = b',"qmpprof-cancelled":true}'
+
+
+def _timestamp(message: dict[str, Any]) -> float | None:
+    """An event's `timestamp` in seconds, or None if it has none that makes sense."""
+    stamp = message.get("timestamp")
+    if not isinstance(stamp, dict):
+        return None
+    seconds, microseconds = stamp.get("seconds"), stamp.get("microseconds")
+    if not isinstance(seconds, int) or not isinstance(microseconds, int):
+        return None
+    return seconds + microseconds / 1e6
 
 
 def _expire(future: asyncio.Future[dict[str, Any]]) -> None:

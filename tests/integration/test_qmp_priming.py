@@ -120,6 +120,7 @@ async def test_sampling_with_primed_commands_leaves_the_vm_running_and_replies_i
         config = LoopConfig(1 / 200, 0.5, nonblocking=nonblocking)
         stats = await sample_loop(session, capturer, config, asyncio.Event(), taken.extend)
         assert stats.ticks > 1 and stats.failed == 0, stats.last_error
+        assert (stats.paused_s > 0) != nonblocking
         assert all(raw.error is None for raw in taken)
         assert all(len(analyzer.analyze(raw).frames) > 1 for raw in taken)
         assert (await session.execute("query-status"))["status"] == "running"

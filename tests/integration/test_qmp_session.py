@@ -1,9 +1,11 @@
 """QmpSession against a real QEMU that answers late or never: a command fails after the
-timeout instead of waiting forever, and a slow reply does not hold up the event loop."""
+timeout instead of waiting forever, and a slow reply does not hold up the event loop.
+And how long a pause lasted, by QEMU's own STOP and RESUME timestamps."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -56,3 +58,19 @@ async def test_a_slow_reply_leaves_the_event_loop_to_other_tasks(
         counter.cancel()
         await session.close()
     assert turns_during_command > 0
+
+
+async def test_a_pause_lasts_from_qemus_stop_to_its_resume(guest: Guest) -> None:
+    session = await QmpSession.connect(guest.qmp)
+    try:
+        held = 0.05  # a pause at least this long, whatever the round trips take
+        sent_stop = time.monotonic()
+        await session.stop()
+        await asyncio.sleep(held)
+        await session.cont()
+        round_trips_and_pause = time.monotonic() - sent_stop
+        pause = session.take_last_pause()
+        assert pause is not None and held <= pause < round_trips_and_pause
+        assert session.take_last_pause() is None  # taken once
+    finally:
+        await session.close()
