@@ -1,6 +1,7 @@
 """QmpSession against a real QEMU that answers late or never: a command fails after the
 timeout instead of waiting forever, and a slow reply does not hold up the event loop.
-And how long a pause lasted, by QEMU's own STOP and RESUME timestamps."""
+A reply larger than one read arrives whole, and a pause lasts from QEMU's own STOP
+to its RESUME timestamp."""
 
 from __future__ import annotations
 
@@ -72,5 +73,18 @@ async def test_a_pause_lasts_from_qemus_stop_to_its_resume(guest: Guest) -> None
         pause = session.take_last_pause()
         assert pause is not None and held <= pause < round_trips_and_pause
         assert session.take_last_pause() is None  # taken once
+    finally:
+        await session.close()
+
+
+async def test_a_reply_larger_than_one_read_arrives_whole(guest: Guest) -> None:
+    session = await QmpSession.connect(guest.qmp)
+    try:
+        words = 16384  # two 8-byte words a line: ~380 KB of text, several reads
+        text = await session.hmp(f"xp /{words}gx 0")
+        lines = text.splitlines()
+        assert len(text) > 4 * qmp._READ_SIZE
+        assert len(lines) == words // 2
+        assert [int(line.split(":")[0], 16) for line in lines] == list(range(0, 8 * words, 16))
     finally:
         await session.close()
