@@ -207,8 +207,7 @@ class QmpSession:
 
     async def execute(self, command: str, arguments: Mapping[str, object] | None = None) -> Any:
         """Run one QMP command and return its `return` value."""
-        encoded = _encode(command, arguments) if arguments else _plain(command)
-        (future,) = self._send((command, encoded))
+        (future,) = self._send((command, _request(command, arguments)))
         return await self._result(command, future)
 
     def prime(self, command: str, arguments: Mapping[str, object] | None = None) -> None:
@@ -221,7 +220,7 @@ class QmpSession:
         command never completed is forgotten by QEMU when the connection closes. A hint:
         does nothing once QEMU has gone (the next `execute` says so).
         """
-        self._prime(command, _encode(command, arguments) if arguments else _plain(command))
+        self._prime(command, _request(command, arguments))
 
     def _prime(self, command: str, encoded: bytes) -> None:
         if encoded == self._primed or self._protocol.closed is not None:
@@ -369,6 +368,11 @@ def _hmp_request(command_line: str, cpu: int | None) -> bytes:
     if cpu is not None:
         arguments["cpu-index"] = cpu
     return _encode(_HMP, arguments)
+
+
+def _request(command: str, arguments: Mapping[str, object] | None) -> bytes:
+    """A QMP command encoded; from the cache when it has no arguments."""
+    return _encode(command, arguments) if arguments else _plain(command)
 
 
 @functools.lru_cache(maxsize=64)
