@@ -7,7 +7,7 @@
                   memory, on demand), resume; with `stop` primed ahead of the tick, as
                   the sampler does whenever half a millisecond is left before a tick
                   (always, at the rates stop mode reaches)
-  stop_unprimed_ms  the same with `stop` sent whole (ticks back to back)
+  stop_unprimed_ms  the same with `stop` sent whole
   analysis_ms     what is left of the analysis of one tick after capture (symbols,
                   torn-stack checks; the unwind is done while capturing, to find the
                   memory it needs), which the recorder does between ticks
@@ -18,7 +18,8 @@
   naive_ms        the naive method: stop, registers, one HMP `x` per frame (following
                   the frame-pointer chain), cont; median of the walks at depth >= 8
 The methods take turns in --rounds rounds (this machine's load changes by the second),
-and each figure is the median of all its iterations; the last line is one JSON object.
+every tick of every method follows 2 ms of running VM (GAP_S, untimed), and each figure
+is the median of all its iterations; the last line is one JSON object.
 """
 
 from __future__ import annotations
