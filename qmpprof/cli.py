@@ -18,13 +18,14 @@ from qmpprof.commands.common import TargetOptions
 from qmpprof.commands.dump import DumpOptions, run_dump
 from qmpprof.commands.record import RecordOptions, run_record
 from qmpprof.commands.report import ReportOptions, run_report
+from qmpprof.commands.resume import run_resume
 from qmpprof.commands.top import TopOptions, run_top
 from qmpprof.errors import QmpprofError
 from qmpprof.output.writers import Format, infer_format
 from qmpprof.profile import Scope
 from qmpprof.unwind.unwinder import Strategy
 
-COMMANDS = ("record", "dump", "report", "top")
+COMMANDS = ("record", "dump", "report", "top", "resume")
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
 
@@ -41,6 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_report(_report_options(args), out)
         elif args.command == "top":
             asyncio.run(run_top(_top_options(args), out))
+        elif args.command == "resume":
+            asyncio.run(run_resume(args.qmp_socket, out))
         else:
             asyncio.run(run_record(_record_options(args), out, err))
     except QmpprofError as error:
@@ -74,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="write any output format from a .qmpcap capture")
     report.add_argument("capture", type=Path, metavar="CAPTURE", help="a .qmpcap file")
     top = commands.add_parser("top", help="a live view of the hottest functions and processes")
+    resume = commands.add_parser(
+        "resume", help="resume a VM that a qmpprof which was killed left paused"
+    )
+    resume.add_argument(
+        "--qmp-socket", default="./qmp-socket", metavar="PATH", help="QEMU's QMP unix socket"
+    )
     for command in (record, dump, top):
         _add_target_arguments(command)
     for command in (record, dump, report, top):

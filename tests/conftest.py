@@ -1,0 +1,36 @@
+"""Hypothesis draws from a fixed seed: every run tries the same cases, so a failure repeats.
+
+QMPPROF_SEED=N draws other cases; the seed in force is printed with every failure.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import settings
+
+SEED = int(os.environ.get("QMPPROF_SEED", "0"))
+
+settings.register_profile(
+    "qmpprof", derandomize=SEED == 0, database=None, print_blob=True, deadline=None
+)
+settings.load_profile("qmpprof")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if SEED and not config.getoption("hypothesis_seed", None):
+        config.option.hypothesis_seed = SEED
+
+
+def pytest_report_header() -> str:
+    return f"qmpprof seed: {SEED or 'fixed (derandomized)'}; QMPPROF_SEED=N draws others"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.failed:
+        report.sections.append(("qmpprof seed", f"QMPPROF_SEED={SEED} (0: the fixed seed)"))
+    return None
