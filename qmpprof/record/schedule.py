@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -19,14 +20,15 @@ class Schedule:
 
     The jitter keeps samples from locking onto a periodic guest timer. A slot whose
     time has passed by more than a period is given up (counted as missed) instead of
-    being taken late in a burst.
+    being taken late in a burst. However many slots were missed, finding the next one
+    takes a few steps: a long stall at a high rate is arithmetic, not a loop.
     """
 
     def __init__(
         self, start: float, period: float, jitter: float = 0.1, seed: int | None = None
     ) -> None:
-        if period <= 0:
-            raise ValueError("period must be positive")
+        if not (math.isfinite(period) and period > 0):
+            raise ValueError(f"period must be positive and finite: {period}")
         self.start = start
         self.period = period
         self.jitter = min(max(jitter, 0.0), 0.5)
@@ -34,14 +36,20 @@ class Schedule:
         self._index = -1
 
     def next_slot(self, now: float) -> Slot:
-        self._index += 1
-        missed = 0
-        deadline = self._deadline(self._index)
-        while deadline + self.period < now:
-            self._index += 1
-            missed += 1
-            deadline = self._deadline(self._index)
-        return Slot(deadline, missed)
+        first = self._index + 1
+        index = max(first, self._last_index_missed_by(now))
+        deadline = self._deadline(index)
+        while deadline + self.period < now:  # a few steps at most: jitter is under a period
+            index += 1
+            deadline = self._deadline(index)
+        self._index = index
+        return Slot(deadline, index - first)
+
+    def _last_index_missed_by(self, now: float) -> int:
+        """A slot at or before the first one `now` can still take: every slot before it
+        is missed whatever its jitter, since its deadline is at most half a period late."""
+        behind = (now - self.start) / self.period - 2
+        return math.floor(behind) if math.isfinite(behind) else self._index + 1
 
     def is_late(self, deadline: float, started: float) -> bool:
         """A tick that began more than half a period after its deadline is late."""

@@ -1,5 +1,9 @@
 """The sampling schedule: anchored, jittered, and never bunching late ticks."""
 
+import math
+
+import pytest
+
 from qmpprof.record.schedule import Schedule
 
 
@@ -30,3 +34,32 @@ def test_lateness_is_half_a_period() -> None:
     schedule = Schedule(start=0.0, period=1.0)
     assert not schedule.is_late(deadline=5.0, started=5.4)
     assert schedule.is_late(deadline=5.0, started=5.6)
+
+
+def test_a_huge_backlog_is_skipped_in_one_step() -> None:
+    """At a rate far beyond what a tick can take, missed slots are counted arithmetically:
+    stepping through them one by one (10^13 here) would never return."""
+    schedule = Schedule(start=0.0, period=1e-7, jitter=0.1, seed=3)
+    schedule.next_slot(now=0.0)
+    slot = schedule.next_slot(now=1e6)
+    assert slot.deadline + 1e-7 >= 1e6
+    assert slot.deadline <= 1e6 + 1e-7
+    assert abs(slot.missed - 1e13) <= 3
+
+
+def test_skipping_finds_the_same_slot_as_stepping() -> None:
+    """The arithmetic jump lands on the first slot whose deadline is at most a period
+    before now, as stepping slot by slot would (deadlines with no jitter are exact)."""
+    for now in (0.3, 1.0, 1.99, 2.0, 2.01, 57.5, 1000.0):
+        schedule = Schedule(start=0.0, period=1.0, jitter=0.0)
+        schedule.next_slot(now=0.0)
+        slot = schedule.next_slot(now=now)
+        expected = max(1, math.ceil(now - 1.0))
+        assert slot.deadline == expected, now
+        assert slot.missed == expected - 1, now
+
+
+def test_a_period_that_is_not_finite_is_refused() -> None:
+    for period in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError):
+            Schedule(start=0.0, period=period)
