@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from rich.console import Console
 
@@ -27,7 +30,25 @@ from qmpprof.unwind.unwinder import Strategy
 
 COMMANDS = ("record", "dump", "report", "top", "resume")
 EXIT_ERROR = 1
+EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+
+# Limits on numbers from the command line: each one keeps a typo from pausing the VM for
+# minutes, allocating without bound or spinning (see the README's flag tables).
+#: A tick takes at least one QMP round trip (the best measured rates are about 400 Hz
+#: paused and 1,500 Hz nonblocking); above 10 kHz every tick would be missed.
+MAX_RATE_HZ = 10_000.0
+#: One sample every 100 s: slower than that is not a profile.
+MIN_RATE_HZ = 0.01
+#: A week; recording keeps every sample in memory.
+MAX_DURATION_S = 7 * 24 * 3600.0
+#: The stack read is done with the VM paused, each tick, for each vCPU: 1 MiB is 64 Linux
+#: kernel stacks and takes seconds through HMP; more only holds the VM longer.
+MAX_STACK_BYTES = 1 << 20
+#: Real call chains are far shorter; deeper is runaway recursion or a corrupt stack.
+MAX_DEPTH = 4096
+MAX_CPU_INDEX = 4095
+MIN_REFRESH_S, MAX_REFRESH_S = 0.1, 3600.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -47,10 +68,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             asyncio.run(run_record(_record_options(args), out, err))
     except QmpprofError as error:
-        print(f"qmpprof: error: {' '.join(str(error).split())}", file=sys.stderr)
+        _say(f"qmpprof: error: {' '.join(str(error).split())}")
         return EXIT_ERROR
     except KeyboardInterrupt:
-        print("qmpprof: interrupted", file=sys.stderr)
+        _say("qmpprof: interrupted")
         return EXIT_INTERRUPTED
     return 0
 
@@ -66,7 +87,7 @@ def _with_default_command(argv: list[str]) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="qmpprof",
         description="Sample where a QEMU guest spends its CPU time, from outside, over QMP.",
     )
@@ -122,10 +143,11 @@ def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--stack-bytes",
-        type=_positive_int,
+        type=_int_in_range(1, MAX_STACK_BYTES, "bytes"),
         default=16 * 1024,
         metavar="N",
-        help="bytes of stack to read above RSP per vCPU (default 16384)",
+        help="bytes of stack to read above RSP per vCPU "
+        f"(default 16384, at most {MAX_STACK_BYTES})",
     )
     add(
         "--cpus",
@@ -164,10 +186,10 @@ def _add_binary_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--max-depth",
-        type=_positive_int,
+        type=_int_in_range(1, MAX_DEPTH, "frames"),
         default=128,
         metavar="N",
-        help="most frames per stack (default 128)",
+        help=f"most frames per stack (default 128, at most {MAX_DEPTH})",
     )
 
 
@@ -210,7 +232,7 @@ def _add_record_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add(
         "--duration",
-        type=_positive_float,
+        type=_in_range(float, 0.001, MAX_DURATION_S, "seconds"),
         default=10.0,
         metavar="S",
         help="seconds to record (default 10); Ctrl-C stops early",
@@ -229,15 +251,24 @@ def _add_rate_arguments(parser: argparse.ArgumentParser) -> None:
     timing = parser.add_mutually_exclusive_group()
     timing.add_argument(
         "--rate",
-        type=_positive_float,
+        type=_in_range(
+            float, MIN_RATE_HZ, MAX_RATE_HZ, "Hz", "a tick takes at least one QMP round trip"
+        ),
         metavar="HZ",
-        help="samples per second (default 99, jittered)",
+        help=f"samples per second (default 99, jittered; {MIN_RATE_HZ:g} to {MAX_RATE_HZ:g})",
     )
     timing.add_argument(
         "--interval",
-        type=_positive_float,
+        type=_in_range(
+            float,
+            1000 / MAX_RATE_HZ,
+            1000 / MIN_RATE_HZ,
+            "ms",
+            "a tick takes at least one QMP round trip",
+        ),
         metavar="MS",
-        help="milliseconds between samples (instead of --rate)",
+        help="milliseconds between samples (instead of --rate; "
+        f"{1000 / MAX_RATE_HZ:g} to {1000 / MIN_RATE_HZ:g})",
     )
 
 
@@ -256,7 +287,7 @@ def _add_top_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idle", action="store_true", help="show idle samples from the start")
     parser.add_argument(
         "--refresh",
-        type=_positive_float,
+        type=_in_range(float, MIN_REFRESH_S, MAX_REFRESH_S, "seconds"),
         default=1.0,
         metavar="S",
         help="seconds between redraws (default 1)",
@@ -342,22 +373,56 @@ def _dump_options(args: argparse.Namespace) -> DumpOptions:
     return DumpOptions(_target_options(args), as_json=args.json, lines=args.lines)
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text}")
-    return value
+class _OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line, like every other error, instead of the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        _say(f"qmpprof: error: {' '.join(message.split())} (see {self.prog} --help)")
+        sys.exit(EXIT_USAGE)
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text}")
-    return value
+def _say(line: str) -> None:
+    """One line on stderr; a terminal that is gone (SIGHUP) must not turn it into a crash."""
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
+
+
+def _in_range(
+    kind: Callable[[str], float], low: float, high: float, unit: str, why: str = ""
+) -> Callable[[str], float]:
+    """An argparse type: a number of `kind` within [low, high], refused with the range."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except (ValueError, OverflowError):
+            value = math.nan
+        if not (math.isfinite(value) and low <= value <= high):
+            reason = f" ({why})" if why else ""
+            raise argparse.ArgumentTypeError(
+                f"must be a number from {_plain(low)} to {_plain(high)} {unit}{reason}, "
+                f"not {text!r}"
+            )
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _plain(number: float) -> str:
+    return str(int(number)) if number == int(number) else f"{number:g}"
+
+
+def _int_in_range(low: int, high: int, unit: str, why: str = "") -> Callable[[str], int]:
+    parse = _in_range(int, low, high, unit, why)
+    return lambda text: int(parse(text))
 
 
 def _cpu_list(text: str) -> tuple[int, ...]:
     try:
-        return tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"expected vCPU numbers like 0,2: {text}") from err
+        cpus = {int(part) for part in text.split(",") if part.strip()}
+    except ValueError:
+        cpus = {-1}
+    if not cpus or min(cpus) < 0 or max(cpus) > MAX_CPU_INDEX:
+        raise argparse.ArgumentTypeError(f"expected vCPU numbers like 0,2, not {text!r}")
+    return tuple(sorted(cpus))

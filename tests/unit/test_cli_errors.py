@@ -82,10 +82,46 @@ def test_kernel_that_is_not_an_elf(short_dir: Path) -> None:
     assert_one_line_error(done, "not a readable ELF")
 
 
-def test_bad_flag_value_is_a_usage_error() -> None:
-    done = qmpprof("--rate", "-5")
-    assert done.returncode == 2
-    assert "Traceback" not in done.stderr
+BAD_COMMAND_LINES = [
+    (["--rate", "inf"], "--rate: must be a number from 0.01 to 10000 Hz"),
+    (["--rate", "nan"], "--rate: must be"),
+    (["--rate", "-5"], "--rate: must be"),
+    (["--rate", "0"], "--rate: must be"),
+    (["--rate", "1e7"], "--rate: must be"),
+    (["--rate", "1e400"], "--rate: must be"),
+    (["--rate", "fast"], "--rate: must be"),
+    (["top", "--rate", "inf"], "--rate: must be"),
+    (["--interval", "0"], "--interval: must be a number from 0.1 to 100000 ms"),
+    (["--interval", "1e-9"], "--interval: must be"),
+    (["--interval=-inf"], "--interval: must be"),
+    (["--rate", "99", "--interval", "10"], "not allowed with argument"),
+    (["--duration", "inf"], "--duration: must be a number from 0.001 to 604800 seconds"),
+    (["--duration", "0"], "--duration: must be"),
+    (["--duration", "nan"], "--duration: must be"),
+    (["--stack-bytes", "100000000"], "--stack-bytes: must be a number from 1 to 1048576"),
+    (["dump", "--stack-bytes", "0"], "--stack-bytes: must be"),
+    (["--stack-bytes", "1.5"], "--stack-bytes: must be"),
+    (["--max-depth", "0"], "--max-depth: must be a number from 1 to 4096 frames"),
+    (["report", "x.qmpcap", "--max-depth", "99999999"], "--max-depth: must be"),
+    (["--max-depth", "1" * 5000], "--max-depth: must be"),
+    (["top", "--refresh", "0"], "--refresh: must be a number from 0.1 to 3600 seconds"),
+    (["top", "--refresh", "inf"], "--refresh: must be"),
+    (["--cpus", "-1"], "--cpus: expected vCPU numbers"),
+    (["--cpus", "a,b"], "--cpus: expected vCPU numbers"),
+    (["--cpus", ","], "--cpus: expected vCPU numbers"),
+    (["--format", "png"], "--format: invalid choice"),
+    (["--no-such-flag"], "unrecognized arguments"),
+]
+
+
+@pytest.mark.parametrize(("args", "expected"), BAD_COMMAND_LINES)
+def test_a_bad_command_line_is_one_line_and_exit_2(args: list[str], expected: str) -> None:
+    """Refused while parsing, before any connection: the socket does not exist and the
+    message is about the flag."""
+    done = qmpprof(*args, "--qmp-socket", "/nonexistent/qmp")
+    assert done.returncode == 2, done.stderr
+    assert_one_line_error(done, expected)
+    assert "--help)" in done.stderr
 
 
 def test_one_shot_is_dump_and_fails_cleanly(short_dir: Path) -> None:
