@@ -6,8 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from qmpprof.profile import Profile
-
-_UNSAFE = str.maketrans({";": ":", "\n": " ", "\r": " "})
+from qmpprof.visible import visible
 
 
 def folded_lines(profile: Profile) -> Iterator[str]:
@@ -17,8 +16,11 @@ def folded_lines(profile: Profile) -> Iterator[str]:
 
 
 def clean_frame(name: str) -> str:
-    """A frame name that cannot break the format: no ';' and no line breaks."""
-    return name.translate(_UNSAFE) or "?"
+    """A frame name that cannot break the format nor a terminal it is `cat` to: ';' (the
+    frame separator) becomes ':', and every control character, line breaks and tabs
+    included, is spelled out as `visible` does (`\\n`, `\\t`, `\\x1b`): plain text that
+    flamegraph.pl, inferno and speedscope show as it is."""
+    return visible(name.replace(";", ":")) or "?"
 
 
 def write_folded(profile: Profile, path: Path) -> None:

@@ -28,7 +28,7 @@ class RecordProgress:
             self._progress = Progress(
                 TextColumn("recording"),
                 BarColumn(),
-                TextColumn("{task.fields[detail]}"),
+                TextColumn("{task.fields[detail]}", markup=False),
                 TimeElapsedColumn(),
                 console=console,
                 transient=True,

@@ -1,4 +1,8 @@
-"""The end-of-recording summary: counts, timing and the heaviest stacks."""
+"""The end-of-recording summary: counts, timing and the heaviest stacks.
+
+Every guest string (process, function, module) goes through `visible`, and into rich as
+Text, never as markup: it shows literally, control characters spelled out.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from rich.text import Text
 from qmpprof.model import Mode
 from qmpprof.profile import Profile
 from qmpprof.record.sampler import RecordStats
+from qmpprof.visible import visible
 
 SHOWN_FRAMES = 8
 
@@ -17,10 +22,12 @@ def render_summary(profile: Profile, stats: RecordStats, console: Console, limit
     """Print what was recorded and the `limit` heaviest stacks with percentages."""
     console.print(Text(_counts_line(stats)), soft_wrap=True)
     if stats.failed and stats.last_error:
-        console.print(Text(f"last failure: {stats.last_error}"), soft_wrap=True)
+        console.print(Text(f"last failure: {visible(stats.last_error)}"), soft_wrap=True)
     if stats.ended_by:
         console.print(
-            Text(f"recording ended early: {stats.ended_by}"), style="yellow", soft_wrap=True
+            Text(f"recording ended early: {visible(stats.ended_by)}"),
+            style="yellow",
+            soft_wrap=True,
         )
     render_profile(profile, console, limit)
 
@@ -34,7 +41,7 @@ def render_profile(profile: Profile, console: Console, limit: int = 10) -> None:
         console.print(
             Text(
                 f"samples that could not be analysed: {profile.unanalysed} "
-                f"(last: {profile.last_error})"
+                f"(last: {visible(profile.last_error or '')})"
             ),
             style="yellow",
             soft_wrap=True,
@@ -48,7 +55,8 @@ def render_profile(profile: Profile, console: Console, limit: int = 10) -> None:
             soft_wrap=True,
         )
     for reason, count in profile.unsymbolized.most_common():
-        console.print(Text(f"unsymbolized user samples: {count} ({reason})"), soft_wrap=True)
+        line = f"unsymbolized user samples: {count} ({visible(reason)})"
+        console.print(Text(line), soft_wrap=True)
     if profile.stacked:
         console.print(top_stacks_table(profile, limit))
 
@@ -74,7 +82,9 @@ def _modes_line(profile: Profile) -> str:
 
 def _processes_line(profile: Profile) -> str:
     total = sum(profile.processes.values()) or 1
-    parts = [f"{label} {100 * n / total:.1f}%" for label, n in profile.processes.most_common()]
+    parts = [
+        f"{visible(label)} {100 * n / total:.1f}%" for label, n in profile.processes.most_common()
+    ]
     return "processes: " + ", ".join(parts)
 
 
@@ -91,7 +101,7 @@ def top_stacks_table(profile: Profile, limit: int) -> Table:
 
 
 def _leaf_first(frames: tuple[str, ...]) -> str:
-    leaf_first = list(reversed(frames))
+    leaf_first = [visible(frame) for frame in reversed(frames)]
     shown = leaf_first[:SHOWN_FRAMES]
     if len(leaf_first) > SHOWN_FRAMES:
         shown.append(f"… {len(leaf_first) - SHOWN_FRAMES} more")

@@ -1,7 +1,8 @@
 """The live `top` view: a header and a table of the hottest functions or processes.
 
 The only module that draws with rich's live display; guest strings always go in as
-Text, never as markup.
+Text, never as markup, and through `visible`: a process named `\\x1b[2J` must not
+clear the screen it is listed on.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from rich.text import Text
 from qmpprof.model import Mode
 from qmpprof.record.sampler import RecordStats
 from qmpprof.top_stats import Row, SortKey, TopStats
+from qmpprof.visible import visible
 
 KEYS_HELP = "o/t/n sort · k kernel · u user · i idle · p processes · r reset · space pause · q quit"
 HELP_TEXT = """Keys
@@ -72,7 +74,7 @@ def _header(record: RecordStats, title: str) -> str:
     # The figures first: a long socket path is what gets cut in a narrow terminal.
     return (
         f"{record.rate_hz:.1f} samples/s  late {record.late}  failed {record.failed}  "
-        f"VM paused {paused:.1f}%  — qmpprof top {title}"
+        f"VM paused {paused:.1f}%  — qmpprof top {visible(title)}"
     )
 
 
@@ -95,7 +97,7 @@ def _vcpus(stats: TopStats) -> str:
     ticks = stats.ticks or 1
     cpus = " ".join(f"vCPU{n} busy {100 * c / ticks:.0f}%" for n, c in sorted(stats.vcpus.items()))
     top = ", ".join(
-        f"{label} {stats.percent(c):.0f}%" for label, c in stats.processes.most_common(3)
+        f"{visible(label)} {stats.percent(c):.0f}%" for label, c in stats.processes.most_common(3)
     )
     return f"{cpus}  processes: {top or '-'}"
 
@@ -113,7 +115,7 @@ def _table(stats: TopStats, state: ViewState) -> Table:
     label = "Process" if state.processes else "Function (module)"
     table.add_column(label, overflow="ellipsis", no_wrap=True, ratio=1)
     for row in _rows(stats, state):
-        name = row.name if state.processes else f"{row.name} ({row.module})"
+        name = _row_name(row, state.processes)
         table.add_row(
             f"{stats.percent(row.own):.1f}",
             f"{stats.percent(row.total):.1f}",
@@ -124,8 +126,15 @@ def _table(stats: TopStats, state: ViewState) -> Table:
     return table
 
 
+def _row_name(row: Row, process: bool) -> str:
+    """`function (module)`, or the process label: what the last column shows, made visible."""
+    if process or not row.module:
+        return visible(row.name)
+    return f"{visible(row.name)} ({visible(row.module)})"
+
+
 def _row_cells(stats: TopStats, row: Row, plain: bool) -> str:
     return (
         f"{stats.percent(row.own):6.1f} {stats.percent(row.total):7.1f} {row.own:6d} "
-        f"{row.total:6d}  {row.name}" + (f" ({row.module})" if row.module else "")
+        f"{row.total:6d}  {_row_name(row, process=False)}"
     )
