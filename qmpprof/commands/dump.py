@@ -29,11 +29,11 @@ async def run_dump(options: DumpOptions, out: Console) -> None:
     if not raws:
         raise UsageError(f"no vCPU {', '.join(map(str, options.target.cpus))} in this guest")
     samples = [analyzer.analyze(raw) for raw in raws]
-    sources = SourceLookup(module_paths(analyzer)) if options.lines else None
+    sources = SourceLookup(module_paths(analyzer))  # inlined calls are shown by default
     if options.as_json:
-        out.out(dump_json(samples, sources), highlight=False)
+        out.out(dump_json(samples, sources, options.lines), highlight=False)
     else:
-        out.out(dump_text(samples, sources), highlight=False, end="")
+        out.out(dump_text(samples, sources, options.lines), highlight=False, end="")
     coverage = KernelCoverage(min_samples=1)
     for sample in samples:
         coverage.add(sample)

@@ -1,4 +1,9 @@
-"""One-shot stack dumps: text for people, JSON for programs."""
+"""One-shot stack dumps: text for people, JSON for programs.
+
+Both list inlined calls as frames of their own, as GDB's backtrace does: the inlined
+function above its caller, at the same address. The text goes through `visible`
+(guest names may hold control characters); the JSON is escaped by json.dumps.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +12,19 @@ from collections.abc import Sequence
 
 from qmpprof.model import Frame, Sample
 from qmpprof.symbols.lines import SourceFrame, SourceLookup
+from qmpprof.visible import visible
 
 
-def dump_json(samples: Sequence[Sample], sources: SourceLookup | None = None) -> str:
-    """Exactly one JSON object: {"vcpus": [...]}, frames leaf first."""
-    return json.dumps({"vcpus": [_vcpu_json(s, sources) for s in samples]}, indent=2)
+def dump_json(
+    samples: Sequence[Sample], sources: SourceLookup | None = None, lines: bool = False
+) -> str:
+    """Exactly one JSON object: {"vcpus": [...]}, frames leaf first, inlined calls included
+    when `sources` is given; `lines` adds each frame's "file" and "line"."""
+    vcpus = [_vcpu_json(s, sources, lines) for s in samples]
+    return json.dumps({"vcpus": vcpus}, indent=2)
 
 
-def _vcpu_json(sample: Sample, sources: SourceLookup | None) -> dict[str, object]:
+def _vcpu_json(sample: Sample, sources: SourceLookup | None, lines: bool) -> dict[str, object]:
     process = sample.process
     return {
         "vcpu": sample.vcpu,
@@ -22,72 +32,75 @@ def _vcpu_json(sample: Sample, sources: SourceLookup | None) -> dict[str, object
         "pc": f"{sample.frames[0].address.address:#x}",
         "cr3": f"{sample.address_space:#x}",
         "process": None if process is None else {"pid": process.pid, "name": process.name},
-        "frames": [_frame_json(f, sources) for f in sample.frames],
+        "frames": [
+            entry
+            for number, frame in enumerate(sample.frames)
+            for entry in _frame_json(frame, _source_frames(frame, sources, number == 0), lines)
+        ],
         "stop": sample.stop.value,
     }
 
 
-def _frame_json(frame: Frame, sources: SourceLookup | None) -> dict[str, object]:
-    entry: dict[str, object] = {
-        "address": f"{frame.address.address:#x}",
-        "function": frame.function,
-        "offset": frame.offset,
-        "module": frame.module,
-    }
-    if sources is not None:
-        *inlined, own = _source_frames(frame, sources)
-        entry["file"] = own.line.file if own.line else None
-        entry["line"] = own.line.line if own.line else None
-        entry["inlined"] = [
-            {
-                "function": s.function,
-                "file": s.line.file if s.line else None,
-                "line": s.line.line if s.line else None,
-            }
-            for s in inlined
-        ]
-    return entry
+def _frame_json(frame: Frame, sources: list[SourceFrame], lines: bool) -> list[dict[str, object]]:
+    entries = []
+    for source in sources:
+        entry: dict[str, object] = {
+            "address": f"{frame.address.address:#x}",
+            "function": source.function if source.inlined else frame.function,
+            "offset": None if source.inlined else frame.offset,
+            "module": frame.module,
+            "inlined": source.inlined,
+        }
+        if lines:
+            entry["file"] = source.line.file if source.line else None
+            entry["line"] = source.line.line if source.line else None
+        entries.append(entry)
+    return entries
 
 
-def dump_text(samples: Sequence[Sample], sources: SourceLookup | None = None) -> str:
-    """Each vCPU's stack, leaf first: `#N 0xADDR function+0xoff (module) [file:line]`."""
-    return "\n\n".join(_vcpu_text(s, sources) for s in samples) + "\n"
+def dump_text(
+    samples: Sequence[Sample], sources: SourceLookup | None = None, lines: bool = False
+) -> str:
+    """Each vCPU's stack, leaf first: `#N 0xADDR function+0xoff (module)`, an inlined call
+    as `#N 0xADDR function (module) [inlined]`; `lines` adds ` file:line` after the module."""
+    return "\n\n".join(_vcpu_text(s, sources, lines) for s in samples) + "\n"
 
 
-def _vcpu_text(sample: Sample, sources: SourceLookup | None) -> str:
+def _vcpu_text(sample: Sample, sources: SourceLookup | None, lines: bool) -> str:
     pc = sample.frames[0].address.address
-    lines = [f"vCPU {sample.vcpu} [{sample.mode.value}] {sample.label()} pc={pc:#x}"]
+    label = visible(sample.label())
+    text = [f"vCPU {sample.vcpu} [{sample.mode.value}] {label} pc={pc:#x}"]
     number = 0
-    for frame in sample.frames:
-        for text in _frame_lines(frame, sources):
-            lines.append(f"  #{number:<2} {frame.address.address:#018x} {text}")
+    for depth, frame in enumerate(sample.frames):
+        for source in _source_frames(frame, sources, depth == 0):
+            line = _frame_line(frame, source, lines)
+            text.append(f"  #{number:<2} {frame.address.address:#018x} {line}")
             number += 1
     stop = sample.stop.value
     if sample.fault_address is not None:
         stop += f" at {sample.fault_address:#x}"
-    lines.append(f"  ({stop})")
-    return "\n".join(lines)
+    text.append(f"  ({stop})")
+    return "\n".join(text)
 
 
-def _frame_lines(frame: Frame, sources: SourceLookup | None) -> list[str]:
+def _frame_line(frame: Frame, source: SourceFrame, lines: bool) -> str:
+    where = f" {visible(str(source.line))}" if lines and source.line else ""
+    if source.inlined:
+        name, module = visible(source.function or "?"), visible(frame.module or "?")
+        return f"{name} ({module}){where} [inlined]"
+    return f"{describe_frame(frame)}{where}"
+
+
+def _source_frames(frame: Frame, sources: SourceLookup | None, leaf: bool) -> list[SourceFrame]:
+    """The frame as source frames, innermost first: its inlined calls, then itself.
+    `leaf`: the frame where the vCPU stopped (GDB's frame #0, see SourceLookup.expand)."""
     if sources is None:
-        return [describe_frame(frame)]
-    texts = []
-    for source in _source_frames(frame, sources):
-        where = f" {source.line}" if source.line else ""
-        if source.inlined:
-            texts.append(f"{source.function} ({frame.module}){where} [inlined]")
-        else:
-            texts.append(f"{describe_frame(frame)}{where}")
-    return texts
-
-
-def _source_frames(frame: Frame, sources: SourceLookup) -> list[SourceFrame]:
-    return sources.expand(frame.module, frame.function, frame.address.lookup_address)
+        return [SourceFrame(frame.function, None, inlined=False)]
+    return sources.expand(frame.module, frame.function, frame.address.lookup_address, leaf)
 
 
 def describe_frame(frame: Frame) -> str:
     """`function+0xoff (module)`, or the bare address when no symbol covers it."""
     if frame.function is None:
         return f"{frame.address.address:#x}"
-    return f"{frame.function}+{frame.offset:#x} ({frame.module})"
+    return f"{visible(frame.function)}+{frame.offset:#x} ({visible(frame.module or '?')})"

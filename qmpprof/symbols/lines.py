@@ -1,20 +1,57 @@
-"""Source lines and inlined calls from DWARF, for `dump --lines`.
+"""Source lines and inlined calls from DWARF, read one compilation unit at a time.
 
-The line tables of every compilation unit are read once into one sorted table of
-(address, file, line); a lookup is a bisection. Inlined calls come from the
-DW_TAG_inlined_subroutine entries: an address inside one is shown as that function,
-inlined at the caller's call_file:call_line.
+A kernel's .debug_info can be 500 MB while a dump needs a handful of addresses. So the
+DWARF sections are mapped, not read; the compilation unit (CU) holding an address is
+found from .debug_aranges, or failing that from every CU's top entry (scanned once);
+and only that CU's line program and entries are decoded, then cached.
+
+The file is untrusted: every count and size is bounded, the entries are walked in file
+order (a DW_AT_sibling pointing backwards cannot make a loop), and a CU whose DWARF
+cannot be decoded contributes no lines. Its frames still show, named from the symbol table.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
+import mmap
+import os
+import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from elftools.common.exceptions import DWARFError, ELFError
+from elftools.construct import ConstructError
+from elftools.dwarf.die import DIE
+from elftools.dwarf.dwarfinfo import DebugSectionDescriptor
 from elftools.elf.elffile import ELFFile
+
+#: What pyelftools raises on malformed input (it has no single error type of its own).
+_MALFORMED = (
+    ELFError,
+    DWARFError,
+    ConstructError,
+    ValueError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    TypeError,
+    AssertionError,
+    struct.error,
+    OverflowError,
+    RecursionError,
+    EOFError,
+)
+MAX_UNITS = 200_000
+MAX_ENTRIES_PER_UNIT = 2_000_000
+MAX_DEPTH = 256
+MAX_PIECES = 4096
+#: Decoded line rows take about 100 times the program's bytes.
+MAX_LINE_PROGRAM_BYTES = 8 << 20
+MAX_ARANGES_BYTES = 16 << 20
+MAX_NAME_HOPS = 4
 
 
 @dataclass(frozen=True)
@@ -28,17 +65,27 @@ class SourceLine:
 
 @dataclass(frozen=True)
 class InlinedCall:
-    """A function inlined into its caller: covers [low, high), called from `call_site`."""
+    """A function inlined into its caller: covers `pieces` ([low, high) each, the entry
+    first), called from `call_site`; `depth` orders nested calls."""
 
-    low: int
-    high: int
+    pieces: tuple[tuple[int, int], ...]
     function: str
     call_site: SourceLine | None
     depth: int
 
+    def covers(self, address: int) -> bool:
+        return any(low <= address < high for low, high in self.pieces)
+
+    def entered_at(self, address: int) -> bool:
+        """Whether `address` is where execution enters the call: its first instruction,
+        or the start of a piece not reached from the piece before."""
+        if address == self.pieces[0][0]:
+            return True
+        return any(low == address for low, _ in self.pieces) and not self.covers(address - 1)
+
 
 class LineTable:
-    """Address → source line, and the inlined calls covering an address."""
+    """Address → source line, and the inlined calls covering an address (one CU)."""
 
     def __init__(self, rows: list[tuple[int, SourceLine | None]], inlined: list[InlinedCall]):
         rows.sort(key=lambda row: row[0])
@@ -52,101 +99,271 @@ class LineTable:
 
     def inlined_at(self, address: int) -> list[InlinedCall]:
         """The inlined calls covering `address`, innermost first."""
-        hits = [call for call in self._inlined if call.low <= address < call.high]
+        hits = [call for call in self._inlined if call.covers(address)]
         return sorted(hits, key=lambda call: -call.depth)
 
 
-def load_lines(path: Path) -> LineTable:
-    """The line table and inlined calls of an ELF; empty when it has no DWARF."""
+EMPTY = LineTable([], [])
+
+
+class _Window:
+    """A file-like view of one section of a mapped file: pyelftools reads through it
+    only the bytes it parses, instead of copying the whole section into memory."""
+
+    def __init__(self, data: mmap.mmap, start: int, size: int) -> None:
+        self._data = data
+        self._start = min(start, len(data))
+        self._end = min(start + size, len(data))
+        self._position = 0
+
+    def read(self, size: int = -1) -> bytes:
+        begin = self._start + self._position
+        end = self._end if size < 0 else min(self._end, begin + size)
+        chunk = self._data[begin:end] if begin < end else b""
+        self._position += len(chunk)
+        return chunk
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: self.size}[whence]
+        self._position = max(0, base + offset)
+        return self._position
+
+    def tell(self) -> int:
+        return self._position
+
+    @property
+    def size(self) -> int:
+        return self._end - self._start
+
+
+class _MappedElf(ELFFile):
+    """An ELFFile whose DWARF sections are windows on a mapping of the file.
+
+    Compressed sections and relocatable files go the ordinary way (read and copied).
+    If pyelftools stops calling this hook, everything still works, with more memory."""
+
+    def __init__(self, data: mmap.mmap, stream: IO[bytes]) -> None:
+        super().__init__(stream)
+        self._mapped = data
+
+    def _read_dwarf_section(self, section: Any, relocate_dwarf_sections: bool) -> Any:
+        if section.compressed or self["e_type"] == "ET_REL" or self.has_phantom_bytes():
+            return super()._read_dwarf_section(section, relocate_dwarf_sections)
+        window = _Window(self._mapped, section["sh_offset"], section["sh_size"])
+        return DebugSectionDescriptor(
+            stream=window,  # type: ignore[arg-type]
+            name=section.name,
+            global_offset=section["sh_offset"],
+            size=window.size,
+            address=section["sh_addr"],
+        )
+
+
+class ModuleLines:
+    """The source lines of one ELF file, decoded one CU at a time on demand."""
+
+    def __init__(self, path: Path) -> None:
+        self._dwarf = _open_dwarf(path)
+        self._aranges: Any = None
+        self._units: list[tuple[int, int, int]] | None = None
+        self._tables: dict[int, LineTable] = {}
+
+    def table_for(self, address: int) -> LineTable:
+        """The lines and inlined calls of the CU holding `address` (EMPTY if none)."""
+        if self._dwarf is None:
+            return EMPTY
+        offset = self._unit_offset(address)
+        if offset is None:
+            return EMPTY
+        if offset not in self._tables:
+            self._tables[offset] = _unit_table(self._dwarf, offset)
+        return self._tables[offset]
+
+    @property
+    def units_decoded(self) -> int:
+        """How many CUs were decoded so far (the rest of the file was not touched)."""
+        return len(self._tables)
+
+    def _unit_offset(self, address: int) -> int | None:
+        offset = _in_aranges(self._aranges_table(), address)
+        if offset is not None:
+            return offset
+        if self._units is None:
+            self._units = _unit_ranges(self._dwarf)
+        end = bisect.bisect_right(self._units, (address, 1 << 64, 0))
+        # CUs rarely overlap: the piece starting closest below wins, a few back are checked.
+        for low, high, offset in reversed(self._units[max(0, end - 8) : end]):
+            if low <= address < high:
+                return offset
+        return None
+
+    def _aranges_table(self) -> Any:
+        if self._aranges is None:
+            self._aranges = False
+            section = self._dwarf.debug_aranges_sec
+            if section is not None and section.size <= MAX_ARANGES_BYTES:
+                with contextlib.suppress(*_MALFORMED):
+                    self._aranges = self._dwarf.get_aranges() or False
+        return self._aranges
+
+
+def _open_dwarf(path: Path) -> Any:
+    """The DWARF of `path` over a mapping of the file; None when it has none or is unusable."""
     try:
         with path.open("rb") as stream:
-            elf = ELFFile(stream)
+            data = mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ)
+            elf = _MappedElf(data, stream)
             if not elf.has_dwarf_info():
-                return LineTable([], [])
-            dwarf = elf.get_dwarf_info()
-            return LineTable(_line_rows(dwarf), _inlined_calls(dwarf))
-    except (OSError, ELFError, DWARFError, ValueError, KeyError, IndexError):
-        return LineTable([], [])
+                return None
+            # Every section is a window on `data` or a copy now: the file can close.
+            return elf.get_dwarf_info(follow_links=False)
+    except (OSError, *_MALFORMED):
+        return None
 
 
-def _line_rows(dwarf: Any) -> list[tuple[int, SourceLine | None]]:
-    rows: list[tuple[int, SourceLine | None]] = []
-    for unit in dwarf.iter_CUs():
+def _in_aranges(aranges: Any, address: int) -> int | None:
+    if not aranges:
+        return None
+    try:
+        offset = aranges.cu_offset_at_addr(address)
+    except _MALFORMED:
+        return None
+    return offset if isinstance(offset, int) else None
+
+
+def _unit_ranges(dwarf: Any) -> list[tuple[int, int, int]]:
+    """(low, high, CU offset) of every CU that says which addresses it covers, sorted."""
+    found: list[tuple[int, int, int]] = []
+    try:
+        for number, unit in enumerate(dwarf.iter_CUs()):
+            if number >= MAX_UNITS:
+                break
+            top = unit.get_top_DIE()
+            found += [(low, high, unit.cu_offset) for low, high in _pieces(top, unit, dwarf)]
+    except _MALFORMED:
+        pass
+    return sorted(found)
+
+
+def _unit_table(dwarf: Any, offset: int) -> LineTable:
+    try:
+        unit = dwarf.get_CU_at(offset)
         program = dwarf.line_program_for_CU(unit)
-        if program is None:
-            continue
         names = _file_names(program)
-        for entry in program.get_entries():
-            state = entry.state
-            if state is None:
-                continue
-            line = None if state.end_sequence else SourceLine(names(state.file), state.line)
-            rows.append((state.address, line))
+        return LineTable(_line_rows(program, names), _inlined_calls(dwarf, unit, names))
+    except _MALFORMED:
+        return EMPTY
+
+
+def _line_rows(program: Any, names: Any) -> list[tuple[int, SourceLine | None]]:
+    if program is None:
+        return []
+    if program.program_end_offset - program.program_start_offset > MAX_LINE_PROGRAM_BYTES:
+        return []
+    rows: list[tuple[int, SourceLine | None]] = []
+    for entry in program.get_entries():
+        state = entry.state
+        if state is None:
+            continue
+        line = None if state.end_sequence else SourceLine(names(state.file), state.line)
+        rows.append((state.address, line))
     return rows
 
 
 def _file_names(program: Any) -> Any:
-    files = program.header.file_entry
-    offset = 0 if program.header.version >= 5 else 1
+    files = program.header.file_entry if program is not None else []
+    offset = 0 if program is not None and program.header.version >= 5 else 1
 
     def name(index: int) -> str:
         position = index - offset
-        if 0 <= position < len(files):
+        if 0 <= position < len(files) and isinstance(files[position].name, bytes):
             return Path(files[position].name.decode("utf-8", "replace")).name
         return "?"
 
     return name
 
 
-def _inlined_calls(dwarf: Any) -> list[InlinedCall]:
-    calls: list[InlinedCall] = []
-    ranges = dwarf.range_lists()
-    for unit in dwarf.iter_CUs():
-        names = _file_names(dwarf.line_program_for_CU(unit))
-        for die in unit.iter_DIEs():
-            if die.tag == "DW_TAG_inlined_subroutine":
-                calls += _inlined(die, names, _address_ranges(die, unit, ranges))
+def _entries(unit: Any) -> Iterator[tuple[Any, int]]:
+    """The CU's entries in file order with their nesting depth. Reads each entry once and
+    ignores DW_AT_sibling, so a hostile file cannot make it loop."""
+    stream = unit.dwarfinfo.debug_info_sec.stream
+    offset, end, depth = unit.cu_die_offset, unit.cu_offset + unit.size, 0
+    for _ in range(MAX_ENTRIES_PER_UNIT):
+        if offset >= end:
+            return
+        die = DIE(cu=unit, stream=stream, offset=offset)
+        if die.size <= 0:
+            return
+        offset += die.size
+        if die.is_null():
+            depth -= 1
+            if depth <= 0:
+                return
+            continue
+        yield die, depth
+        if die.has_children:
+            depth = min(depth + 1, MAX_DEPTH)
+
+
+def _inlined_calls(dwarf: Any, unit: Any, names: Any) -> list[InlinedCall]:
+    calls = []
+    for die, depth in _entries(unit):
+        if die.tag != "DW_TAG_inlined_subroutine":
+            continue
+        pieces = _pieces(die, unit, dwarf)
+        if pieces:
+            calls.append(InlinedCall(tuple(pieces), _name(die), _call_site(die, names), depth))
     return calls
 
 
-def _address_ranges(die: Any, unit: Any, ranges: Any) -> list[tuple[int, int]]:
-    """[low, high) pieces of a DIE: low_pc/high_pc, or a DW_AT_ranges list."""
+def _pieces(die: Any, unit: Any, dwarf: Any) -> list[tuple[int, int]]:
+    """[low, high) pieces of an entry, in the order listed: low_pc/high_pc or DW_AT_ranges."""
     attributes = die.attributes
     low, high = attributes.get("DW_AT_low_pc"), attributes.get("DW_AT_high_pc")
     if low is not None and high is not None:
         end = high.value if high.form == "DW_FORM_addr" else low.value + high.value
-        return [(low.value, end)]
+        return [(low.value, end)] if low.value < end else []
     listed = attributes.get("DW_AT_ranges")
-    if listed is None or ranges is None or listed.form != "DW_FORM_sec_offset":
+    ranges = dwarf.range_lists() if listed is not None else None
+    if ranges is None or listed.form != "DW_FORM_sec_offset":
         return []
     top = unit.get_top_DIE().attributes.get("DW_AT_low_pc")
     base = top.value if top is not None else 0
     pieces = []
-    for entry in ranges.get_range_list_at_offset(listed.value, cu=unit):
+    for entry in ranges.get_range_list_at_offset(listed.value, cu=unit)[:MAX_PIECES]:
         if hasattr(entry, "base_address"):
             base = entry.base_address
-        elif getattr(entry, "is_absolute", False):
-            pieces.append((entry.begin_offset, entry.end_offset))
-        else:
-            pieces.append((base + entry.begin_offset, base + entry.end_offset))
+            continue
+        begin, end = entry.begin_offset, entry.end_offset
+        if not getattr(entry, "is_absolute", False):
+            begin, end = base + begin, base + end
+        if begin < end:
+            pieces.append((begin, end))
     return pieces
 
 
-def _inlined(die: Any, names: Any, pieces: list[tuple[int, int]]) -> list[InlinedCall]:
-    if not pieces:
-        return []
-    origin = die.get_DIE_from_attribute("DW_AT_abstract_origin")
-    name_attribute = origin.attributes.get("DW_AT_name")
-    name = name_attribute.value.decode("utf-8", "replace") if name_attribute else "?"
+def _name(die: Any) -> str:
+    """The inlined function's name, from its abstract origin (or that one's declaration)."""
+    for _ in range(MAX_NAME_HOPS):
+        name = die.attributes.get("DW_AT_name")
+        if name is not None and isinstance(name.value, bytes):
+            return str(name.value.decode("utf-8", "replace"))
+        link = next(
+            (a for a in ("DW_AT_abstract_origin", "DW_AT_specification") if a in die.attributes),
+            None,
+        )
+        if link is None:
+            break
+        die = die.get_DIE_from_attribute(link)
+    return "?"
+
+
+def _call_site(die: Any, names: Any) -> SourceLine | None:
     file = die.attributes.get("DW_AT_call_file")
     line = die.attributes.get("DW_AT_call_line")
-    site = SourceLine(names(file.value), line.value) if file and line else None
-    depth = 0
-    parent = die.get_parent()
-    while parent is not None:
-        depth += 1
-        parent = parent.get_parent()
-    return [InlinedCall(low, high, name, site, depth) for low, high in pieces]
+    if file is None or line is None:
+        return None
+    return SourceLine(names(file.value), line.value)
 
 
 @dataclass(frozen=True)
@@ -159,27 +376,47 @@ class SourceFrame:
 
 
 class SourceLookup:
-    """Source lines for frames of several modules, each module's DWARF read on first use."""
+    """Source lines and inlined calls for frames of several modules, each module's DWARF
+    opened on first use and decoded one CU at a time."""
 
     def __init__(self, modules: dict[str, Path]) -> None:
         self._paths = modules
-        self._tables: dict[str, LineTable] = {}
+        self._modules: dict[str, ModuleLines] = {}
 
-    def expand(self, module: str | None, function: str | None, address: int) -> list[SourceFrame]:
+    def expand(
+        self, module: str | None, function: str | None, address: int, leaf: bool = False
+    ) -> list[SourceFrame]:
         """The frame at `address` (a lookup address) as source frames, innermost first:
-        the inlined functions covering it, then the function itself."""
-        table = self._table(module)
-        line = table.line_for(address) if table is not None else None
+        the inlined functions covering it, then the function itself.
+
+        `leaf`: `address` is where the vCPU stopped, not a return address. An inlined
+        call entered exactly there has not begun yet, and is not listed (as GDB does)."""
+        table = self._table(module, address)
+        line = table.line_for(address)
+        calls = table.inlined_at(address)
+        if leaf:
+            not_begun, calls = _split_not_begun(calls, address)
+            line = not_begun[-1].call_site if not_begun else line
         frames = []
-        for call in table.inlined_at(address) if table is not None else []:
+        for call in calls:
             frames.append(SourceFrame(call.function, line, inlined=True))
             line = call.call_site
         frames.append(SourceFrame(function, line, inlined=False))
         return frames
 
-    def _table(self, module: str | None) -> LineTable | None:
+    def _table(self, module: str | None, address: int) -> LineTable:
         if module is None or module not in self._paths:
-            return None
-        if module not in self._tables:
-            self._tables[module] = load_lines(self._paths[module])
-        return self._tables[module]
+            return EMPTY
+        if module not in self._modules:
+            self._modules[module] = ModuleLines(self._paths[module])
+        return self._modules[module].table_for(address)
+
+
+def _split_not_begun(
+    calls: list[InlinedCall], address: int
+) -> tuple[list[InlinedCall], list[InlinedCall]]:
+    """`calls` (innermost first) split after the innermost ones entered exactly at `address`."""
+    skipped = 0
+    while skipped < len(calls) and calls[skipped].entered_at(address):
+        skipped += 1
+    return calls[:skipped], calls[skipped:]
