@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import bisect
 import json
+import pickle
 import sys
 import time
 from pathlib import Path
@@ -112,15 +113,38 @@ def naive(samples: list[RawSample], kernel: Path) -> tuple[list[list[int]], floa
     return stacks, time.perf_counter() - started
 
 
+def capture(count: int) -> tuple[list[RawSample], Path]:
+    with booted_guest("--variant", "nofp", "--accel", "tcg") as guest:
+        started = time.perf_counter()
+        samples = asyncio.run(capture_samples(guest, count, 2048))
+        print(f"captured {len(samples)} samples in {time.perf_counter() - started:.1f} s")
+        return samples, guest.kernel
+
+
+def save_samples(path: Path, samples: list[RawSample], kernel: Path) -> None:
+    """The samples and a copy of the kernel, so the same unwinds can be timed again."""
+    path.write_bytes(pickle.dumps((samples, kernel.read_bytes())))
+
+
+def load_samples(path: Path) -> tuple[list[RawSample], Path]:
+    samples, kernel_bytes = pickle.loads(path.read_bytes())  # our own file, from --save
+    kernel = path.with_suffix(".elf")
+    kernel.write_bytes(kernel_bytes)
+    return samples, kernel
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=10_000)
+    parser.add_argument("--save", type=Path, help="keep the captured samples (and kernel) here")
+    parser.add_argument("--load", type=Path, help="unwind samples saved by --save, no guest")
     args = parser.parse_args()
-    with booted_guest("--variant", "nofp", "--accel", "tcg") as guest:
-        started = time.perf_counter()
-        samples = asyncio.run(capture_samples(guest, args.samples, 2048))
-        print(f"captured {len(samples)} samples in {time.perf_counter() - started:.1f} s")
-        kernel = guest.kernel
+    if args.load is not None:
+        samples, kernel = load_samples(args.load)
+    else:
+        samples, kernel = capture(args.samples)
+        if args.save is not None:
+            save_samples(args.save, samples, kernel)
     samples = [s for s in samples if s.windows]
     stacks, seconds = ours(samples, kernel)
     frames = sum(map(len, stacks))

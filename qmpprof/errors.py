@@ -61,3 +61,17 @@ class KernelMismatch(QmpprofError):
 
 class OutputError(QmpprofError):
     """An output file cannot be written."""
+
+
+class BadCfi(QmpprofError):
+    """Call frame information (.eh_frame/.debug_frame) that cannot be decoded: truncated,
+    an unknown instruction or pointer encoding, no CFA rule. Costs one function (or one
+    section) its unwind information, never the whole module."""
+
+
+class TickOverrun(QmpprofError):
+    """A tick outlived its time budget: abandoned (the VM resumed if we paused it)."""
+
+
+class ResumeFailed(QmpprofError):
+    """qmpprof paused the VM and could not resume it (the user must: `qmpprof resume`)."""

@@ -1,57 +1,103 @@
 """CFI tables: .eh_frame and .debug_frame compiled into sorted, cached unwind rows.
 
-pyelftools parses the CIEs and FDEs; each FDE's rows are compiled to our closed rule
-types (rules.py) the first time an address inside it is looked up, then kept. Lookup
-is a bisection over FDE start addresses, then over the FDE's rows, with a cache of
-recently seen addresses in front. Corrupt CFI never raises: an unreadable section
-gives an empty table, an undecodable FDE covers nothing.
+The CIEs and FDEs are decoded by qmpprof itself (cfi_entries.py, cfi_program.py), not
+by pyelftools: released pyelftools versions decode DW_CFA_GNU_args_size (0.33 raises)
+and DW_CFA_def_cfa_sf (scaled by the wrong factor) wrongly, so qmpprof's unwinding
+would depend on which version pip picked. pyelftools only finds the sections.
+
+Each FDE's rows are compiled to our closed rule types (rules.py) the first time an
+address inside it is looked up, then kept. Lookup is a bisection over FDE start
+addresses, then over the FDE's rows, with a cache of recently seen addresses in
+front. Corrupt CFI never raises: an FDE that cannot be compiled covers nothing and
+is counted with its reason (CfiTable.uncompiled), and where .eh_frame and
+.debug_frame both describe a function, the other one stands in for it.
 """
 
 from __future__ import annotations
 
 import bisect
-import io
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from elftools.dwarf.callframe import FDE, CallFrameInfo
-from elftools.dwarf.callframe import RegisterRule as ElfRegisterRule
-from elftools.dwarf.dwarf_expr import DWARFExprParser
-from elftools.dwarf.structs import DWARFStructs
 from elftools.elf.elffile import ELFFile
 
-from qmpprof.errors import BadElf
+from qmpprof.errors import BadCfi, BadElf
 from qmpprof.unwind import rules as r
-from qmpprof.unwind.dwarf_expr import Expression, Op
+from qmpprof.unwind.cfi_entries import FdeEntry, parse_section
+from qmpprof.unwind.cfi_program import compile_fde
 
 CACHE_LIMIT = 1 << 14
-_STRUCTS = DWARFStructs(little_endian=True, dwarf_format=32, address_size=8)
-_EXPR = DWARFExprParser(_STRUCTS)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Fde:
+    entry: FdeEntry
     start: int
     end: int
-    entry: Any
     starts: list[int] = field(default_factory=list)
-    rows: list[r.UnwindRow] | None = None
+    rows: list[r.UnwindRow] | None = None  # None: not compiled yet; []: cannot be
+    problem: str | None = None
+    stand_ins: list[_Fde] = field(default_factory=list)  # overlapping FDEs of the other section
+
+    def compiled(self) -> bool:
+        """Compile on first use; whether this FDE has rows."""
+        if self.rows is None:
+            try:
+                self.starts, self.rows = compile_fde(self.entry)
+            except BadCfi as err:
+                self.starts, self.rows, self.problem = [], [], str(err)
+        return bool(self.rows)
+
+
+@dataclass(frozen=True, slots=True)
+class Uncompiled:
+    """FDEs whose instructions could not be compiled, and why.
+
+    `functions`: FDEs that cover nothing now (no usable stand-in); unwinding through
+    them falls back to frame pointers (--unwind auto) or stops (no-unwind-info).
+    `replaced`: FDEs that failed while the other section's FDE stands in for them.
+    `reasons`: (reason, count) of every failed FDE, most frequent first.
+    `section_problems`: entries that could not be read at all (their functions are
+    unknown, so they are not in `functions`).
+    """
+
+    functions: int
+    replaced: int
+    reasons: tuple[tuple[str, int], ...]
+    section_problems: tuple[str, ...]
+
+    def __bool__(self) -> bool:
+        return bool(self.functions or self.replaced or self.section_problems)
+
+    def summary(self) -> str:
+        """One line, e.g. `3 functions without usable CFI (3 truncated)`."""
+        reasons = ", ".join(f"{count} {reason}" for reason, count in self.reasons[:3])
+        text = f"{self.functions} functions without usable CFI"
+        if reasons:
+            text += f" ({reasons}{', ...' if len(self.reasons) > 3 else ''})"
+        if self.replaced:
+            text += f"; {self.replaced} more replaced by their .debug_frame/.eh_frame twin"
+        if self.section_problems:
+            text += f"; {len(self.section_problems)} unreadable CFI entries"
+        return text
 
 
 class CfiTable:
     """Unwind rows of one module, by address (link address = guest address)."""
 
-    def __init__(self, fdes: list[_Fde]) -> None:
-        self._fdes = _without_overlaps(sorted(fdes, key=lambda f: f.start))
+    def __init__(self, fdes: list[FdeEntry], problems: list[str] | None = None) -> None:
+        wrapped = [_Fde(entry, entry.start, entry.end) for entry in fdes]
+        self._fdes = _without_overlaps(sorted(wrapped, key=lambda f: f.start))
         self._starts = [f.start for f in self._fdes]
         self._cache: dict[int, r.UnwindRow | None] = {}
+        self._problems = tuple(problems or ())
 
     def __len__(self) -> int:
         return len(self._fdes)
 
     def row_for(self, address: int) -> r.UnwindRow | None:
-        """The row covering `address`, or None where no FDE covers it."""
+        """The row covering `address`, or None where no (usable) FDE covers it."""
         cached = self._cache.get(address, False)
         if cached is not False:
             return cached  # type: ignore[return-value]
@@ -65,121 +111,80 @@ class CfiTable:
         if index < 0 or address >= self._fdes[index].end:
             return None
         fde = self._fdes[index]
-        if fde.rows is None:
-            fde.starts, fde.rows = _compile_fde(fde.entry)
+        if not fde.compiled():
+            fde = next(
+                (s for s in fde.stand_ins if s.start <= address < s.end and s.compiled()), fde
+            )
+        if not fde.rows:
+            return None
         row_index = bisect.bisect_right(fde.starts, address) - 1
         return fde.rows[row_index] if row_index >= 0 else None
+
+    def uncompiled(self) -> Uncompiled:
+        """Compiles every FDE not compiled yet, and counts those that cannot be."""
+        reasons: Counter[str] = Counter()
+        functions = replaced = 0
+        for fde in self._fdes:
+            if fde.compiled():
+                continue
+            assert fde.problem is not None
+            reasons[fde.problem] += 1
+            if any(stand_in.compiled() for stand_in in fde.stand_ins):
+                replaced += 1
+            else:
+                functions += 1
+        return Uncompiled(functions, replaced, tuple(reasons.most_common()), self._problems)
 
 
 def load_cfi(path: str | Path) -> CfiTable:
     """The CFI of the ELF at `path` (.eh_frame first, .debug_frame where it adds). Raises BadElf."""
+    fdes: list[FdeEntry] = []
+    problems: list[str] = []
     try:
         with Path(path).open("rb") as stream:
             elf = ELFFile(stream)
-            fdes = _section_fdes(elf, ".eh_frame", eh_frame=True)
-            fdes += _section_fdes(elf, ".debug_frame", eh_frame=False)
+            for name in (".eh_frame", ".debug_frame"):
+                found = _section_fdes(elf, name, eh_frame=name == ".eh_frame")
+                fdes += found.fdes
+                problems += found.problems
     except OSError as err:
         raise BadElf(str(path), err.strerror or str(err)) from err
-    return CfiTable(fdes)
+    except Exception as err:  # pyelftools raises anything at all on a corrupt ELF header
+        raise BadElf(str(path), f"unreadable ELF file ({type(err).__name__})") from err
+    return CfiTable(fdes, problems)
 
 
-def _section_fdes(elf: ELFFile, name: str, eh_frame: bool) -> list[_Fde]:
-    section = elf.get_section_by_name(name)
-    if section is None or section["sh_type"] == "SHT_NOBITS":
-        return []
-    return parse_cfi_section(section.data(), section["sh_addr"], eh_frame)
+@dataclass(frozen=True, slots=True)
+class _Found:
+    fdes: list[FdeEntry]
+    problems: list[str]
 
 
-def parse_cfi_section(data: bytes, address: int, eh_frame: bool) -> list[_Fde]:
-    """The FDEs of one .eh_frame/.debug_frame section; [] if it cannot be parsed."""
+def _section_fdes(elf: ELFFile, name: str, eh_frame: bool) -> _Found:
     try:
-        info = CallFrameInfo(io.BytesIO(data), len(data), address, _STRUCTS, eh_frame)
-        entries = info.get_entries()
-    except Exception:
-        return []
-    return [
-        _Fde(
-            e.header["initial_location"],
-            e.header["initial_location"] + e.header["address_range"],
-            e,
-        )
-        for e in entries
-        if isinstance(e, FDE) and e.header["address_range"] > 0
-    ]
+        section = elf.get_section_by_name(name)
+        if section is None or section["sh_type"] == "SHT_NOBITS":
+            return _Found([], [])
+        data, address = section.data(), section["sh_addr"]
+        address_size = elf.elfclass // 8
+    except Exception as err:  # pyelftools raises anything at all on corrupt section headers
+        return _Found([], [f"{name}: unreadable section ({type(err).__name__})"])
+    entries = parse_section(data, address, eh_frame, address_size)
+    return _Found(entries.fdes, entries.problems)
+
+
+def parse_cfi_section(data: bytes, address: int, eh_frame: bool) -> list[FdeEntry]:
+    """The FDEs of one .eh_frame/.debug_frame section (entries that cannot be read skipped)."""
+    return parse_section(data, address, eh_frame).fdes
 
 
 def _without_overlaps(fdes: list[_Fde]) -> list[_Fde]:
-    """Drop FDEs that overlap an earlier one (.eh_frame came first, so it wins ties)."""
+    """FDEs that overlap an earlier one become its stand-ins (.eh_frame came first, so it
+    wins ties; the .debug_frame twin is used when .eh_frame's cannot be compiled)."""
     kept: list[_Fde] = []
     for fde in fdes:
         if not kept or fde.start >= kept[-1].end:
             kept.append(fde)
+        else:
+            kept[-1].stand_ins.append(fde)
     return kept
-
-
-def _compile_fde(entry: Any) -> tuple[list[int], list[r.UnwindRow]]:
-    """Decode one FDE's rows into UnwindRows; an undecodable FDE covers nothing."""
-    try:
-        decoded = entry.get_decoded()
-        cie_header = entry.cie.header
-        signal = b"S" in bytes(cie_header.get("augmentation") or b"")
-        return_column = int(cie_header["return_address_register"])
-        rows = [_compile_row(row, return_column, signal) for row in decoded.table]
-    except Exception:
-        return [], []
-    return [row["pc"] for row in decoded.table], rows
-
-
-def _compile_row(row: dict[Any, Any], return_column: int, signal: bool) -> r.UnwindRow:
-    cfa = row["cfa"]
-    if cfa.expr is not None:
-        cfa_rule = r.CfaRule(-1, 0, _compile_expression(cfa.expr))
-    else:
-        cfa_rule = r.CfaRule(cfa.reg, cfa.offset)
-    register_rules = tuple(
-        (register, _compile_register_rule(register, rule))
-        for register, rule in row.items()
-        if isinstance(register, int)
-    )
-    return r.UnwindRow(cfa_rule, register_rules, return_column, signal)
-
-
-def _compile_register_rule(register: int, rule: ElfRegisterRule) -> r.RegisterRule:
-    kind, arg = rule.type, rule.arg
-    if kind == ElfRegisterRule.UNDEFINED:
-        return r.Undefined()
-    if kind == ElfRegisterRule.SAME_VALUE:
-        return r.SameValue(register)
-    if kind == ElfRegisterRule.OFFSET:
-        return r.SavedAt(int(arg))  # type: ignore[arg-type]
-    if kind == ElfRegisterRule.VAL_OFFSET:
-        return r.ValueAt(int(arg))  # type: ignore[arg-type]
-    if kind == ElfRegisterRule.REGISTER:
-        return r.InRegister(int(arg))  # type: ignore[arg-type]
-    if kind == ElfRegisterRule.EXPRESSION:
-        return r.SavedAtExpression(_compile_expression(arg))
-    if kind == ElfRegisterRule.VAL_EXPRESSION:
-        return r.ValueOfExpression(_compile_expression(arg))
-    return r.Unsupported(f"CFI rule {kind}")
-
-
-def _compile_expression(raw: Any) -> Expression:
-    """pyelftools' bytes (or parsed ops) to our ops, with branch targets as op indexes."""
-    ops = _EXPR.parse_expr(raw) if isinstance(raw, (bytes, bytearray, list)) else raw
-    offsets = {op.offset: index for index, op in enumerate(ops)}
-    end = _expression_length(raw, ops)
-    offsets[end] = len(ops)
-    compiled = []
-    for index, op in enumerate(ops):
-        args = tuple(int(a) for a in op.args)
-        if op.op_name in ("DW_OP_skip", "DW_OP_bra"):
-            next_offset = ops[index + 1].offset if index + 1 < len(ops) else end
-            args = (offsets.get(next_offset + args[0], -1),)
-        compiled.append(Op(op.op_name, args))
-    return tuple(compiled)
-
-
-def _expression_length(raw: Any, ops: list[Any]) -> int:
-    if isinstance(raw, (bytes, bytearray, list)):
-        return len(raw)
-    return ops[-1].offset + 1 if ops else 0

@@ -1,4 +1,4 @@
-"""A bounded evaluator for the DWARF expressions compilers put in CFI.
+"""A decoder and a bounded evaluator for the DWARF expressions compilers put in CFI.
 
 Compilers emit expressions in CFI for PLT entries, realigned stacks and signal or
 interrupt frames. This evaluates the stack-machine subset those use, over 64-bit
@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from qmpprof.errors import QmpprofError
+from qmpprof.errors import BadCfi, QmpprofError
 from qmpprof.memory import MemoryReader
+from qmpprof.unwind.cfi_entries import Reader
 
 MASK = (1 << 64) - 1
 MAX_STACK = 64
@@ -32,6 +33,105 @@ class Op:
 
 
 Expression = tuple[Op, ...]
+
+# Operand layouts of the operations decoded (DWARF 5, section 7.7.1): "1u" an unsigned
+# byte, "2s" a signed 16-bit number, "u"/"s" LEB128, "a" an 8-byte address.
+_OPERANDS: dict[int, tuple[str, str]] = {
+    0x03: ("DW_OP_addr", "a"),
+    0x06: ("DW_OP_deref", ""),
+    0x08: ("DW_OP_const1u", "1u"),
+    0x09: ("DW_OP_const1s", "1s"),
+    0x0A: ("DW_OP_const2u", "2u"),
+    0x0B: ("DW_OP_const2s", "2s"),
+    0x0C: ("DW_OP_const4u", "4u"),
+    0x0D: ("DW_OP_const4s", "4s"),
+    0x0E: ("DW_OP_const8u", "8u"),
+    0x0F: ("DW_OP_const8s", "8s"),
+    0x10: ("DW_OP_constu", "u"),
+    0x11: ("DW_OP_consts", "s"),
+    0x12: ("DW_OP_dup", ""),
+    0x13: ("DW_OP_drop", ""),
+    0x14: ("DW_OP_over", ""),
+    0x15: ("DW_OP_pick", "1u"),
+    0x16: ("DW_OP_swap", ""),
+    0x17: ("DW_OP_rot", ""),
+    0x19: ("DW_OP_abs", ""),
+    0x1A: ("DW_OP_and", ""),
+    0x1B: ("DW_OP_div", ""),
+    0x1C: ("DW_OP_minus", ""),
+    0x1D: ("DW_OP_mod", ""),
+    0x1E: ("DW_OP_mul", ""),
+    0x1F: ("DW_OP_neg", ""),
+    0x20: ("DW_OP_not", ""),
+    0x21: ("DW_OP_or", ""),
+    0x22: ("DW_OP_plus", ""),
+    0x23: ("DW_OP_plus_uconst", "u"),
+    0x24: ("DW_OP_shl", ""),
+    0x25: ("DW_OP_shr", ""),
+    0x26: ("DW_OP_shra", ""),
+    0x27: ("DW_OP_xor", ""),
+    0x28: ("DW_OP_bra", "2s"),
+    0x29: ("DW_OP_eq", ""),
+    0x2A: ("DW_OP_ge", ""),
+    0x2B: ("DW_OP_gt", ""),
+    0x2C: ("DW_OP_le", ""),
+    0x2D: ("DW_OP_lt", ""),
+    0x2E: ("DW_OP_ne", ""),
+    0x2F: ("DW_OP_skip", "2s"),
+    **{0x30 + n: (f"DW_OP_lit{n}", "") for n in range(32)},
+    **{0x50 + n: (f"DW_OP_reg{n}", "") for n in range(32)},
+    **{0x70 + n: (f"DW_OP_breg{n}", "s") for n in range(32)},
+    0x90: ("DW_OP_regx", "u"),
+    0x92: ("DW_OP_bregx", "us"),
+    0x94: ("DW_OP_deref_size", "1u"),
+    0x96: ("DW_OP_nop", ""),
+    0x9C: ("DW_OP_call_frame_cfa", ""),
+}
+_BRANCHES = ("DW_OP_skip", "DW_OP_bra")
+
+
+def decode_expression(block: bytes) -> Expression:
+    """The operations of a DWARF expression, branch targets resolved to op indexes.
+
+    Never raises: an operation this module does not know, or one cut short, becomes
+    an Op the evaluator refuses (UnsupportedExpression), so only an unwind that
+    reaches it fails. A branch into the middle of an operation gets target -1.
+    """
+    reader = Reader(block, 0, len(block))
+    decoded: list[tuple[Op, int]] = []  # (op, offset of the next one)
+    offsets: dict[int, int] = {}
+    while not reader.at_end():
+        offsets[reader.position] = len(decoded)
+        opcode = reader.u8()
+        if opcode not in _OPERANDS:
+            decoded.append((Op(f"unknown DW_OP {opcode:#04x}"), len(block)))
+            break  # the size of its operands is unknown: nothing after it can be decoded
+        name, layout = _OPERANDS[opcode]
+        try:
+            decoded.append((Op(name, _operands(reader, layout)), reader.position))
+        except BadCfi:
+            decoded.append((Op(f"cut short: {name}"), len(block)))
+            break
+    offsets[len(block)] = len(decoded)
+    return tuple(_resolve_branch(op, end, offsets) for op, end in decoded)
+
+
+def _operands(reader: Reader, layout: str) -> tuple[int, ...]:
+    if layout == "a":
+        return (reader.unsigned(8),)
+    if layout in ("u", "s", "us"):
+        return tuple(reader.uleb() if kind == "u" else reader.sleb() for kind in layout)
+    if layout:
+        size = int(layout[0])
+        return (reader.signed(size) if layout[1] == "s" else reader.unsigned(size),)
+    return ()
+
+
+def _resolve_branch(op: Op, end: int, offsets: dict[int, int]) -> Op:
+    if op.name not in _BRANCHES:
+        return op
+    return Op(op.name, (offsets.get(end + op.args[0], -1),))
+
 
 _BINARY: dict[str, Callable[[int, int], int]] = {
     "DW_OP_plus": lambda a, b: a + b,
