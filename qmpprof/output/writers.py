@@ -1,8 +1,17 @@
-"""Which output format a file gets, and writing a finished profile in it."""
+"""Which output format a file gets, and writing a finished profile in it.
+
+Every profile file is written atomically: into a temporary file beside it, flushed to
+disk, then renamed over the name asked for. A reader (or a crash, or a full disk) sees
+the old file or the whole new one, never half of one; a failure removes the temporary.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import secrets
+import stat
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 
@@ -46,7 +55,22 @@ def write_profile(
     recording: Recording,
     path: Path,
 ) -> None:
-    """Write a finished profile (any format but the streamed qmpcap). Raises UsageError."""
+    """Write a finished profile (any format but the streamed qmpcap) atomically.
+
+    Raises UsageError for qmpcap, OSError when the file cannot be written."""
+    if fmt is Format.QMPCAP:
+        raise UsageError(f"{fmt.value} is written while recording, not from a profile")
+    with replaced_atomically(path) as temporary:
+        _write_format(fmt, samples, profile, recording, temporary)
+
+
+def _write_format(
+    fmt: Format,
+    samples: Sequence[Sample],
+    profile: Profile,
+    recording: Recording,
+    path: Path,
+) -> None:
     scope, idle = profile.scope, profile.include_idle
     if fmt is Format.FOLDED:
         write_folded(profile, path)
@@ -62,5 +86,54 @@ def write_profile(
         from qmpprof.output.pprof import write_pprof
 
         write_pprof(samples, recording, path, scope, idle)
-    else:
-        raise UsageError(f"{fmt.value} is written while recording, not from a profile")
+
+
+@contextmanager
+def replaced_atomically(path: Path) -> Iterator[Path]:
+    """A temporary path beside `path`, renamed over it when the block ends normally and
+    removed when it raises. A symlink is followed (the file it names is replaced, the link
+    kept); a target that is not a regular file (a FIFO, /dev/stdout) is written in place,
+    as renaming over it would replace the device rather than write to it."""
+    target = Path(os.path.realpath(path))
+    if target.exists() and not target.is_file():
+        yield target
+        return
+    temporary = temporary_beside(target)
+    try:
+        yield temporary
+        _keep_mode(target, temporary)
+        _flush_to_disk(temporary)
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def temporary_beside(target: Path) -> Path:
+    """Create an empty, new file in `target`'s directory (same file system, so the rename
+    is atomic), with the mode a plain open would give it. Raises OSError."""
+    stem = target.name[:180]  # room for the suffix within the 255-byte name limit
+    for _ in range(100):
+        candidate = target.with_name(f".{stem}.{secrets.token_hex(4)}.tmp")
+        try:
+            os.close(os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return candidate
+    raise FileExistsError(f"no free temporary name beside {target}")
+
+
+def _keep_mode(target: Path, temporary: Path) -> None:
+    """A file replaced keeps its permissions, as it would when overwritten in place."""
+    if target.exists():
+        os.chmod(temporary, stat.S_IMODE(target.stat().st_mode))
+
+
+def _flush_to_disk(path: Path) -> None:
+    """Data on disk before the rename: after a power loss the name never points at an
+    empty file."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
