@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 import time
@@ -13,7 +14,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from qmpprof.commands.collect import Collector, check_writable
+from qmpprof.commands.collect import (
+    CaptureOutput,
+    Collector,
+    Written,
+    check_writable,
+    raise_for_failures,
+    show_written,
+)
 from qmpprof.commands.common import TargetOptions, build_analyzer, connected
 from qmpprof.errors import KernelMismatch
 from qmpprof.model import RawSample, Recording
@@ -22,8 +30,7 @@ from qmpprof.output.summary import render_summary
 from qmpprof.output.writers import Format
 from qmpprof.profile import Profile, Scope
 from qmpprof.record.backlog import Backlog
-from qmpprof.record.capfile import CaptureWriter
-from qmpprof.record.sampler import LoopConfig, RecordStats, sample_loop
+from qmpprof.record.sampler import LoopConfig, ProgressSink, RecordStats, sample_loop
 
 
 @dataclass(frozen=True)
@@ -42,23 +49,32 @@ class RecordOptions:
 async def run_record(options: RecordOptions, out: Console, err: Console) -> None:
     """Record, then write the profile and the summary, whatever ended the recording.
 
-    Raises QmpprofError for setup failures, and KernelMismatch after writing.
+    Raises QmpprofError for setup failures; after writing, OutputError when an output
+    could not be written, else KernelMismatch.
     """
     check_writable([path for path, _ in options.outputs])
-    analyzer = build_analyzer(options.target)
     stop = asyncio.Event()
-    recording = _recording(options, time.time(), 0.0)
-    with ExitStack() as files:
-        captures = [
-            files.enter_context(CaptureWriter(path, recording, options.capture_memory))
-            for path, fmt in options.outputs
-            if fmt is Format.QMPCAP
-        ]
-        collector = Collector(analyzer, Profile(options.include_idle, options.scope), captures)
-        stats = await _record(options, collector, stop, err)
-    if stop.is_set() and not collector.coverage.mismatched:
-        stats.ended_by = "interrupted"
-    _finish(options, collector, stats, _recording(options, recording.started, stats.elapsed_s), out)
+    # From here to the last output written, a signal ends the recording, never the process.
+    with stop_on_signals(stop) as received:
+        analyzer = build_analyzer(options.target)
+        recording = _recording(options, time.time(), 0.0)
+        with ExitStack() as files:
+            captures = [
+                _closed_at_exit(files, CaptureOutput.open(path, recording, options.capture_memory))
+                for path, fmt in options.outputs
+                if fmt is Format.QMPCAP
+            ]
+            collector = Collector(analyzer, Profile(options.include_idle, options.scope), captures)
+            stats = await _record(options, collector, stop, err)
+        if received and stats.ended_by is None:
+            stats.ended_by = f"interrupted ({received[0].name})"
+        written = _write(options, collector, captures, stats, recording)
+        _finish(options, collector, stats, written, out)
+
+
+def _closed_at_exit(files: ExitStack, capture: CaptureOutput) -> CaptureOutput:
+    files.callback(capture.close)
+    return capture
 
 
 async def _record(
@@ -79,18 +95,37 @@ async def _record(
     )
     async with connected(options.target, collector.analyzer) as (session, memory, capturer):
         _announce(options, collector, _describe(memory), err)
-        with stop_on_signals(stop), RecordProgress(err, options.duration_s) as progress:
+        with _progress(err, options.duration_s) as progress:
             stats = await sample_loop(
                 session,
                 capturer,
                 loop_config,
                 stop,
                 backlog.add,
-                progress.update,
+                progress,
                 backlog.work_until,
             )
     backlog.work_until(None)
     return stats
+
+
+@contextmanager
+def _progress(err: Console, duration_s: float | None) -> Iterator[ProgressSink]:
+    """The progress display, which must not end a recording: after SIGHUP its terminal
+    is gone and every write to it fails."""
+    progress = RecordProgress(err, duration_s)
+    with contextlib.suppress(OSError):
+        progress.__enter__()
+
+    def update(stats: RecordStats) -> None:
+        with contextlib.suppress(OSError):
+            progress.update(stats)
+
+    try:
+        yield update
+    finally:
+        with contextlib.suppress(OSError):
+            progress.__exit__(None, None, None)
 
 
 def _describe(memory: object) -> str:
@@ -115,16 +150,33 @@ def _announce(options: RecordOptions, collector: Collector, memory: str, err: Co
     err.print(_start_line(options), soft_wrap=True, markup=False)
 
 
+def _write(
+    options: RecordOptions,
+    collector: Collector,
+    captures: list[CaptureOutput],
+    stats: RecordStats,
+    recording: Recording,
+) -> list[Written]:
+    """Every output, in the order given: profiles written now, captures as recorded."""
+    finished = _recording(options, recording.started, stats.elapsed_s)
+    by_path = {capture.path: capture.result() for capture in captures}
+    by_path.update((w.path, w) for w in collector.write_outputs(options.outputs, finished))
+    return [by_path[path] for path, _ in options.outputs]
+
+
 def _finish(
     options: RecordOptions,
     collector: Collector,
     stats: RecordStats,
-    recording: Recording,
+    written: list[Written],
     out: Console,
 ) -> None:
-    for path, fmt in options.outputs:
-        collector.write(fmt, recording, path, out)
-    render_summary(collector.profile, stats, out)
+    """Say what was written and summarize (the files are already safe: a terminal closed
+    by SIGHUP may refuse this), then raise for what went wrong."""
+    with contextlib.suppress(OSError):
+        show_written(written, out)
+        render_summary(collector.profile, stats, out)
+    raise_for_failures(written)
     if collector.coverage.mismatched and options.target.kernel is not None:
         raise KernelMismatch(collector.coverage.describe(str(options.target.kernel)))
 
@@ -149,15 +201,26 @@ def _start_line(options: RecordOptions) -> str:
     )
 
 
+#: Each ends a recording (or `top`) at the next tick boundary, never mid-tick: the VM is
+#: resumed and the profile written. SIGHUP is the terminal closing (tmux kill-session,
+#: ssh dropping); SIGQUIT is Ctrl-\ (a core dump otherwise).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
 @contextmanager
-def stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
-    """Ctrl-C and SIGTERM end the recording at the next tick boundary, never mid-tick."""
+def stop_on_signals(stop: asyncio.Event) -> Iterator[list[signal.Signals]]:
+    """Set `stop` on any of STOP_SIGNALS instead of dying; yields the signals received."""
     loop = asyncio.get_running_loop()
-    signals = (signal.SIGINT, signal.SIGTERM)
-    for signum in signals:
-        loop.add_signal_handler(signum, stop.set)
+    received: list[signal.Signals] = []
+
+    def on_signal(signum: signal.Signals) -> None:
+        received.append(signum)
+        stop.set()
+
+    for signum in STOP_SIGNALS:
+        loop.add_signal_handler(signum, on_signal, signum)
     try:
-        yield
+        yield received
     finally:
-        for signum in signals:
+        for signum in STOP_SIGNALS:
             loop.remove_signal_handler(signum)
