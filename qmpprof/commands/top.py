@@ -16,6 +16,7 @@ from rich.live import Live
 
 from qmpprof.commands.common import TargetOptions, build_analyzer, connected
 from qmpprof.commands.record import stop_on_signals
+from qmpprof.errors import QmpprofError
 from qmpprof.model import RawSample
 from qmpprof.output.top import ViewState, plain_snapshot, render
 from qmpprof.record.backlog import Backlog
@@ -34,7 +35,10 @@ class TopOptions:
 
 
 async def run_top(options: TopOptions, out: Console) -> None:
-    """Sample and redraw about once a second until q, Ctrl-C or QEMU exits."""
+    """Sample and redraw about once a second until q, a signal, or QEMU exits.
+
+    Raises QmpprofError when sampling ended on its own (QEMU exited, commands kept
+    failing), once the terminal is restored."""
     analyzer = build_analyzer(options.target)
     stats = TopStats(process_filter=options.process, show_idle=options.include_idle)
     state = ViewState()
@@ -55,14 +59,31 @@ async def run_top(options: TopOptions, out: Console) -> None:
     config = LoopConfig(period_s=options.period_s, duration_s=None, nonblocking=options.nonblocking)
     title = options.target.qmp_socket
     async with connected(options.target, analyzer) as (session, _, capturer):
-        with stop_on_signals(stop), _keys(out, state, stats, stop):
+        with stop_on_signals(stop):
             sampler = asyncio.create_task(
                 sample_loop(
                     session, capturer, config, stop, on_samples, on_progress, backlog.work_until
                 )
             )
-            await _display(out, options, stats, lambda: record, state, title, stop)
-            await sampler
+            sampler.add_done_callback(lambda _: stop.set())  # QEMU gone: the view ends too
+            try:
+                with _terminal_may_vanish(), _keys(out, state, stats, stop):
+                    await _display(out, options, stats, lambda: record, state, title, stop)
+            finally:
+                # Whatever ended the display, the sampler ends its tick (resuming the VM)
+                # before the session closes.
+                stop.set()
+                ended = await sampler
+    if ended.ended_by is not None:
+        raise QmpprofError(f"top stopped: {ended.ended_by} ({ended.ticks} ticks)")
+
+
+@contextlib.contextmanager
+def _terminal_may_vanish() -> Iterator[None]:
+    """A terminal closed under us (SIGHUP, tmux kill-session) fails every read and write
+    with EIO: that ends the display, not the process, which still has a VM to resume."""
+    with contextlib.suppress(OSError):
+        yield
 
 
 async def _display(
@@ -102,15 +123,26 @@ def _keys(out: Console, state: ViewState, stats: TopStats, stop: asyncio.Event) 
     saved = termios.tcgetattr(fd)
     tty.setcbreak(fd)
     loop = asyncio.get_running_loop()
-    loop.add_reader(fd, lambda: _on_key(os.read(fd, 1).decode(errors="ignore"), state, stats, stop))
+    loop.add_reader(fd, lambda: _on_key(_read_key(fd), state, stats, stop))
     try:
         yield
     finally:
         loop.remove_reader(fd)
-        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+        with contextlib.suppress(OSError):  # a terminal that is gone keeps no settings
+            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
-def _on_key(key: str, state: ViewState, stats: TopStats, stop: asyncio.Event) -> None:
+def _read_key(fd: int) -> str | None:
+    """One key (part of a wider character reads as ""); None when the terminal is gone
+    (end of file, or EIO after a hang-up)."""
+    try:
+        byte = os.read(fd, 1)
+    except OSError:
+        return None
+    return byte.decode(errors="ignore") if byte else None
+
+
+def _on_key(key: str | None, state: ViewState, stats: TopStats, stop: asyncio.Event) -> None:
     sorts = {"o": SortKey.OWN, "t": SortKey.TOTAL, "n": SortKey.NAME}
     if key in sorts:
         state.sort = sorts[key]
@@ -128,5 +160,5 @@ def _on_key(key: str, state: ViewState, stats: TopStats, stop: asyncio.Event) ->
         state.paused = not state.paused
     elif key in ("h", "?"):
         state.help = not state.help
-    elif key in ("q", "Q"):
+    elif key in ("q", "Q", None):  # None: the terminal is gone, nobody is watching
         stop.set()
