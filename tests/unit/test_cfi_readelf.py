@@ -1,0 +1,305 @@
+"""qmpprof's compiled CFI against binutils' `readelf --debug-dump=frames-interp`, row for row.
+
+readelf is the oracle: for every FDE it prints the table of rules at each location
+(the CFA rule and every register the CIE or FDE mentions). Each FDE of ours is
+compiled on its own (so .debug_frame twins of .eh_frame FDEs are checked too) and
+must give readelf's CFA and register cells at every row, with no register rule
+readelf does not show.
+
+Inside `make test`: a deterministic subset of real binaries' FDEs (every 16th, plus
+every FDE using an instruction other than the everyday ones). QMPPROF_ORACLE_FULL=1:
+every row of libc, libstdc++, gdb, qemu-system-x86_64 and python3.11 (figures printed).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from elftools.elf.elffile import ELFFile
+
+from qmpprof.errors import BadCfi
+from qmpprof.unwind import rules as r
+from qmpprof.unwind.cfi_entries import FdeEntry, parse_section
+from qmpprof.unwind.cfi_program import compile_fde
+from tests.unit.conftest import build_elf
+
+#: readelf's x86-64 register names (binutils dwarf.c), index = DWARF number.
+READELF_NAMES = (
+    *r.DWARF_REGISTER_NAMES[:16],
+    "rip",
+    *(f"xmm{n}" for n in range(16)),
+    *(f"st{n}" for n in range(8)),
+    *(f"mm{n}" for n in range(8)),
+    "rflags",
+    *("es", "cs", "ss", "ds", "fs", "gs"),
+)
+LIBS = Path("/usr/lib/x86_64-linux-gnu")
+SUBSET_BINARIES = (LIBS / "libc.so.6", LIBS / "libstdc++.so.6")
+FULL_BINARIES = (
+    *SUBSET_BINARIES,
+    Path("/usr/bin/gdb"),
+    Path("/usr/bin/qemu-system-x86_64"),
+    Path("/usr/bin/python3.11"),
+)
+EVERYDAY = {
+    "DW_CFA_advance_loc",
+    "DW_CFA_advance_loc1",
+    "DW_CFA_def_cfa_offset",
+    "DW_CFA_offset",
+    "DW_CFA_nop",
+    "DW_CFA_def_cfa",
+    "DW_CFA_def_cfa_register",
+}
+SUBSET_STRIDE = 16
+
+_HEADER = re.compile(
+    r"^([0-9a-f]{8,16}) [0-9a-f]+ ([0-9a-f]+) "
+    r"(CIE|FDE cie=([0-9a-f]+) pc=([0-9a-f]+)\.\.([0-9a-f]+))"
+)
+_SECTION = re.compile(r"^Contents of the (\S+) section")
+_ROW = re.compile(r"^[0-9a-f]{16} ")
+
+
+@dataclass
+class ReadelfEntry:
+    """A CIE or FDE as readelf prints it: its columns and its rows."""
+
+    section: str
+    offset: int
+    cie: int | None  # offset of its CIE (FDEs only)
+    start: int = 0
+    end: int = 0
+    columns: list[str] = field(default_factory=list)
+    rows: list[tuple[int, dict[str, str]]] = field(default_factory=list)
+    instructions: set[str] = field(default_factory=set)
+
+
+def readelf(elf: Path, *options: str) -> str:
+    if shutil.which("readelf") is None:
+        pytest.fail("readelf (binutils) is the CFI oracle; make test installs it")
+    result = subprocess.run(["readelf", *options, str(elf)], capture_output=True, text=True)
+    assert result.stdout, f"readelf printed nothing for {elf}: {result.stderr}"
+    return result.stdout
+
+
+def readelf_entries(elf: Path) -> list[ReadelfEntry]:
+    """Every CIE and FDE of `elf` with the table readelf interprets for it."""
+    entries: list[ReadelfEntry] = []
+    section = ""
+    for line in readelf(elf, "--debug-dump=frames-interp").splitlines():
+        if (heading := _SECTION.match(line)) is not None:
+            section = heading.group(1).rstrip(":")
+        elif (header := _HEADER.match(line)) is not None:
+            entries.append(_entry(section, header))
+        elif line.strip().startswith("LOC") and entries:
+            entries[-1].columns = line.split()[1:]
+        elif _ROW.match(line) and entries and entries[-1].columns:
+            cells = _cells(line)
+            entries[-1].rows.append(
+                (int(cells[0], 16), dict(zip(entries[-1].columns, cells[1:], strict=True)))
+            )
+    return entries
+
+
+def _entry(section: str, header: re.Match[str]) -> ReadelfEntry:
+    offset = int(header.group(1), 16)
+    if header.group(4) is None:
+        return ReadelfEntry(section, offset, None)
+    start, end = int(header.group(5), 16), int(header.group(6), 16)
+    return ReadelfEntry(section, offset, int(header.group(4), 16), start, end)
+
+
+def _cells(line: str) -> list[str]:
+    """Split a row; readelf prints a register-in-register rule as two words, `r9 (r9)`."""
+    cells: list[str] = []
+    for word in line.split():
+        if word.startswith("(") and cells:
+            cells[-1] += f" {word}"
+        else:
+            cells.append(word)
+    return cells
+
+
+def readelf_instructions(elf: Path, fdes: list[ReadelfEntry]) -> None:
+    """Note which DW_CFA_* instructions each FDE uses (readelf's raw dump)."""
+    by_key = {(fde.section, fde.offset): fde for fde in fdes}
+    current: ReadelfEntry | None = None
+    section = ""
+    for line in readelf(elf, "--debug-dump=frames").splitlines():
+        if (heading := _SECTION.match(line)) is not None:
+            section = heading.group(1).rstrip(":")
+        elif (header := _HEADER.match(line)) is not None:
+            current = by_key.get((section, int(header.group(1), 16)))
+        elif current is not None and line.startswith("  DW_CFA_"):
+            current.instructions.add(line.split()[0].rstrip(":"))
+
+
+def expected_rows(fde: ReadelfEntry, cies: dict[tuple[str, int], ReadelfEntry]) -> ReadelfEntry:
+    """The FDE's rows inside its range; an FDE without instructions has its CIE's row."""
+    if not fde.rows:
+        cie = cies[(fde.section, fde.cie or 0)]
+        fde.columns = cie.columns
+        fde.rows = [(fde.start, dict(cells)) for _, cells in cie.rows[-1:]]
+    last: dict[int, dict[str, str]] = {}
+    for location, cells in fde.rows:
+        if fde.start <= location < fde.end:
+            last[location] = cells  # a zero advance: the later row is the one in force
+    fde.rows = sorted(last.items())
+    return fde
+
+
+def register_name(number: int, return_column: int) -> str:
+    if number == return_column:
+        return "ra"
+    return READELF_NAMES[number] if number < len(READELF_NAMES) else f"r{number}"
+
+
+def describe_cfa(rule: r.CfaRule) -> str:
+    if rule.expression is not None:
+        return "exp"
+    return f"{register_name(rule.register, -1)}{rule.offset:+d}"
+
+
+def describe_rule(rule: r.RegisterRule | None) -> str:
+    match rule:
+        case None | r.Undefined():
+            return "u"
+        case r.SameValue():
+            return "s"
+        case r.SavedAt(offset=offset):
+            return f"c{offset:+d}"
+        case r.ValueAt(offset=offset):
+            return f"v{offset:+d}"
+        case r.InRegister(register=register):
+            return f"r{register} ({register_name(register, -1)})"
+        case r.SavedAtExpression():
+            return "exp"
+        case r.ValueOfExpression():
+            return "vexp"
+    return f"?{rule}"
+
+
+def describe_row(row: r.UnwindRow, columns: list[str]) -> dict[str, str]:
+    """Our row in readelf's words, for readelf's columns (and any rule it lacks)."""
+    rules = {register_name(n, row.return_column): rule for n, rule in row.rules}
+    cells = {"CFA": describe_cfa(row.cfa)}
+    cells.update(
+        {column: describe_rule(rules.get(column)) for column in columns if column != "CFA"}
+    )
+    cells.update(
+        {
+            name: f"extra {describe_rule(rule)}"
+            for name, rule in rules.items()
+            if name not in columns
+        }
+    )
+    return cells
+
+
+def our_fdes(elf: Path) -> dict[tuple[str, int, int], FdeEntry]:
+    """Our FDEs of both sections, by (section, start, end)."""
+    found: dict[tuple[str, int, int], FdeEntry] = {}
+    with elf.open("rb") as stream:
+        file = ELFFile(stream)
+        for name in (".eh_frame", ".debug_frame"):
+            section = file.get_section_by_name(name)
+            if section is None:
+                continue
+            entries = parse_section(section.data(), section["sh_addr"], name == ".eh_frame")
+            assert not entries.problems, entries.problems
+            found.update({(name, fde.start, fde.end): fde for fde in entries.fdes})
+    return found
+
+
+@dataclass
+class Comparison:
+    fdes: int = 0
+    rows: int = 0
+    mismatches: list[str] = field(default_factory=list)
+
+
+def compare(elf: Path, select: bool) -> Comparison:
+    """Our rows against readelf's for every FDE of `elf` (or the subset, if `select`)."""
+    entries = readelf_entries(elf)
+    cies = {(e.section, e.offset): e for e in entries if e.cie is None}
+    fdes = [e for e in entries if e.cie is not None and e.end > e.start]
+    if select:
+        readelf_instructions(elf, fdes)
+        fdes = [
+            f for i, f in enumerate(fdes) if i % SUBSET_STRIDE == 0 or f.instructions - EVERYDAY
+        ]
+    ours = our_fdes(elf)
+    result = Comparison()
+    for fde in fdes:
+        result.fdes += 1
+        entry = ours.get((fde.section, fde.start, fde.end))
+        if entry is None:
+            result.mismatches.append(f"{fde.section} FDE {fde.start:#x}: we have no such FDE")
+            continue
+        compare_fde(expected_rows(fde, cies), entry, result)
+    return result
+
+
+def compare_fde(fde: ReadelfEntry, entry: FdeEntry, result: Comparison) -> None:
+    try:
+        starts, rows = compile_fde(entry)
+    except BadCfi as err:
+        result.mismatches.append(f"{fde.section} FDE {fde.start:#x}: not compiled ({err})")
+        return
+    for location, cells in fde.rows:
+        result.rows += 1
+        index = bisect.bisect_right(starts, location) - 1
+        ours = describe_row(rows[index], fde.columns) if index >= 0 else {}
+        if ours != cells:
+            result.mismatches.append(f"{fde.section} {location:#x}: readelf {cells}, ours {ours}")
+
+
+def assert_agrees(elf: Path, select: bool) -> Comparison:
+    result = compare(elf, select)
+    assert result.rows > 0, f"readelf showed no rows for {elf}"
+    assert not result.mismatches, f"{len(result.mismatches)} rows differ:\n" + "\n".join(
+        result.mismatches[:10]
+    )
+    return result
+
+
+@pytest.mark.parametrize("elf", SUBSET_BINARIES, ids=lambda path: path.name)
+def test_system_libraries_agree_with_readelf(elf: Path) -> None:
+    if not elf.exists():
+        pytest.fail(f"{elf} is missing (the oracle needs this machine's libraries)")
+    result = assert_agrees(elf, select=True)
+    assert result.fdes > 100
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [("-O2", "-fno-asynchronous-unwind-tables"), ("-O2",)],
+    ids=["debug-frame-only", "eh-frame"],
+)
+def test_gcc_built_elf_agrees_with_readelf(tmp_path: Path, flags: tuple[str, ...]) -> None:
+    elf = build_elf("cfi_chain.c", tmp_path, "-g", "-static", *flags)
+    assert_agrees(elf, select=False)
+
+
+@pytest.mark.skipif(
+    not os.environ.get("QMPPROF_ORACLE_FULL"), reason="QMPPROF_ORACLE_FULL=1 runs it"
+)
+@pytest.mark.parametrize("elf", FULL_BINARIES, ids=lambda path: path.name)
+def test_every_row_of_real_binaries_agrees_with_readelf(elf: Path) -> None:
+    started = time.perf_counter()
+    result = compare(elf, select=False)
+    seconds = time.perf_counter() - started
+    agreeing = result.rows - len(result.mismatches)
+    print(
+        f"\n{elf}: {result.fdes} FDEs, {result.rows} rows, "
+        f"{100 * agreeing / max(result.rows, 1):.3f} % agree, {seconds:.1f} s"
+    )
+    assert not result.mismatches, "\n".join(result.mismatches[:10])
