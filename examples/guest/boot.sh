@@ -3,7 +3,7 @@
 #
 #   boot.sh --qmp SOCKET [--gdb SOCKET] [--smp N] [--accel tcg|kvm|auto]
 #           [--serial LOG] [--variant fp] [--memory-backend PATH] [--timeout SEC]
-#           [--workload kernel|user]
+#           [--workload kernel|user] [--extra-qmp SOCKET]
 #   boot.sh stop PID
 #
 # On success prints, one per line on stdout:
@@ -63,11 +63,12 @@ if [[ ${1:-} == stop ]]; then
     exit 0
 fi
 
-qmp='' gdb='' smp=1 accel=auto serial='' variant=fp membackend='' timeout=30 workload=kernel
+qmp='' extra_qmp='' gdb='' smp=1 accel=auto serial='' variant=fp membackend='' timeout=30 workload=kernel
 while [[ $# -gt 0 ]]; do
     case $1 in
         --qmp) qmp=${2:?--qmp needs a value}; shift 2 ;;
         --gdb) gdb=${2:?--gdb needs a value}; shift 2 ;;
+        --extra-qmp) extra_qmp=${2:?--extra-qmp needs a value}; shift 2 ;;
         --smp) smp=${2:?--smp needs a value}; shift 2 ;;
         --accel) accel=${2:?--accel needs a value}; shift 2 ;;
         --serial) serial=${2:?--serial needs a value}; shift 2 ;;
@@ -211,6 +212,8 @@ fi
 # The workload is chosen on the multiboot command line (the KVM probe above
 # always runs the default kernel workload: it only measures the accelerator).
 args=(-smp "$smp" -append "workload=$workload" -qmp "unix:$qmp,server=on,wait=off")
+# A second QMP monitor: another client (a debugger, libvirt, a test) next to qmpprof.
+[[ -n $extra_qmp ]] && args+=(-qmp "unix:$(realpath -m -- "$extra_qmp"),server=on,wait=off")
 [[ -n $gdb ]] && args+=(-gdb "unix:$gdb,server=on,wait=off")
 if [[ -n $membackend ]]; then
     args+=(-object "memory-backend-file,id=mem,size=$MEMORY,mem-path=$membackend,share=on"
