@@ -75,3 +75,7 @@ class TickOverrun(QmpprofError):
 
 class ResumeFailed(QmpprofError):
     """qmpprof paused the VM and could not resume it (the user must: `qmpprof resume`)."""
+
+
+class MonitorStuck(QmpprofError):
+    """QEMU's monitor stopped answering us: the VM was resumed on a new connection."""

@@ -8,11 +8,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from qmpprof.errors import TargetGone
+from qmpprof.errors import MonitorStuck, ResumeFailed, TargetGone, TickOverrun
 from qmpprof.model import RawSample
 from qmpprof.record.capture import Capturer
 from qmpprof.record.schedule import Schedule
-from qmpprof.target.qmp import QmpSession, resumed_after
+from qmpprof.target.pause import PauseHold
+from qmpprof.target.qmp import QmpSession
 
 #: This many failed ticks in a row means QEMU is stuck, not unlucky.
 MAX_CONSECUTIVE_FAILURES = 5
@@ -22,6 +23,10 @@ EPOLL_RESOLUTION_S = 0.001
 #: time left before a tick, a request half read when the tick comes is slower than one
 #: sent whole, and a late loop would never catch up.
 PRIME_LEAD_S = 0.0005
+#: A tick may take this long, or this many periods if longer, before it is abandoned
+#: (the VM resumed): a monitor that slow would otherwise hold the VM paused for it.
+TICK_BUDGET_S = 1.0
+TICK_BUDGET_PERIODS = 4
 
 
 @dataclass
@@ -35,6 +40,8 @@ class RecordStats:
     missed: int = 0
     failed: int = 0
     skipped_paused: int = 0
+    #: Ticks abandoned, the VM resumed, because they outlived their time budget.
+    abandoned: int = 0
     paused_s: float = 0.0
     elapsed_s: float = 0.0
     ended_by: str | None = None
@@ -107,14 +114,25 @@ async def _one_tick(
     failures: int,
 ) -> int:
     """Take one tick; returns the updated count of consecutive failures."""
+    budget_s = tick_budget(config.period_s)
     try:
         if config.nonblocking:
-            samples = await running_capture(session, capturer, stats)
+            samples = await running_capture(session, capturer, stats, budget_s)
         else:
-            samples = await paused_capture(session, capturer, stats)
+            samples = await paused_capture(session, capturer, stats, budget_s)
     except TargetGone:
         stats.ended_by = "QEMU exited"
         return failures
+    except (ResumeFailed, MonitorStuck) as err:
+        stats.failed += 1
+        stats.ended_by = stats.last_error = str(err)
+        return failures + 1
+    except TickOverrun as err:
+        stats.abandoned += 1
+        stats.last_error = str(err)
+        if failures + 1 >= MAX_CONSECUTIVE_FAILURES:
+            stats.ended_by = f"{MAX_CONSECUTIVE_FAILURES} ticks in a row outlived their budget"
+        return failures + 1
     except Exception as err:
         # A failed command, or a bug while analysing one sample's memory needs: the tick
         # is lost, the recording and everything collected so far are not.
@@ -130,21 +148,33 @@ async def _one_tick(
     return 0
 
 
+def tick_budget(period_s: float) -> float:
+    """How long one tick may take before it is abandoned."""
+    return max(TICK_BUDGET_S, TICK_BUDGET_PERIODS * period_s)
+
+
 async def paused_capture(
-    session: QmpSession, capturer: Capturer, stats: RecordStats
+    session: QmpSession,
+    capturer: Capturer,
+    stats: RecordStats,
+    budget_s: float | None = TICK_BUDGET_S,
 ) -> list[RawSample] | None:
     """The tick's samples taken with the VM paused; None when someone else holds it
-    paused (the user, GDB), which we leave as it is.
+    paused (the user, GDB, another QMP client), which we leave as it is.
 
     `stop` goes out with the register request (one round trip) and `cont` is primed
-    while the memory is read; the VM is resumed on every way out."""
+    while the memory is read; the VM is resumed on every way out, if our `stop` paused
+    it (target.pause). Raises TickOverrun after `budget_s`, the VM resumed."""
     if not await session.is_running():
         stats.skipped_paused += 1
         return None
     started = time.monotonic()
     session.take_last_pause()  # forget pauses before this tick (someone else's)
-    async with resumed_after(session):
+    async with PauseHold(session, budget_s) as hold:
         samples = await capturer.capture(first="stop", then="cont")
+        if not hold.ours():  # another client paused it first: a paused VM's stacks
+            stats.skipped_paused += 1
+            return None
     # QEMU's STOP and RESUME timestamps say when the VM really stopped and resumed; the
     # round trips around them are not pause. Without the events, the tick is an upper bound.
     pause = session.take_last_pause()
@@ -153,13 +183,22 @@ async def paused_capture(
 
 
 async def running_capture(
-    session: QmpSession, capturer: Capturer, stats: RecordStats
+    session: QmpSession,
+    capturer: Capturer,
+    stats: RecordStats,
+    budget_s: float | None = TICK_BUDGET_S,
 ) -> list[RawSample] | None:
-    """The tick's samples taken while the VM runs; None when it is paused (by anyone)."""
+    """The tick's samples taken while the VM runs; None when it is paused (by anyone).
+    Raises TickOverrun after `budget_s`."""
     if not await session.is_running():
         stats.skipped_paused += 1
         return None
-    return await capturer.capture()
+    if budget_s is not None:
+        session.deadline = asyncio.get_running_loop().time() + budget_s
+    try:
+        return await capturer.capture()
+    finally:
+        session.deadline = None
 
 
 def _prime_tick(session: QmpSession, capturer: Capturer, config: LoopConfig) -> None:

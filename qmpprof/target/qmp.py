@@ -25,7 +25,6 @@ not answer in time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import os
@@ -33,10 +32,15 @@ import select
 import stat
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from qmpprof.errors import CommandFailed, ConnectionFailed, TargetGone
+from qmpprof.errors import CommandFailed, ConnectionFailed, TargetGone, TickOverrun
+from qmpprof.target.marker import PauseMarker
+from qmpprof.target.pause import paused
+
+__all__ = ["QmpSession", "RunEvent", "paused"]
 
 #: QEMU answers a healthy monitor in well under a millisecond; seconds mean it is stuck
 #: (for example a GDB client holding the gdbstub while we asked for `stop`).
@@ -52,6 +56,17 @@ DIRECT_READ_S = 0.002
 #: Every read lands in one buffer of this size, allocated once: a fresh 1 MiB (or
 #: asyncio's default 256 KiB) object per read measured 15-17 us a read here, 1.7 us.
 _READ_SIZE = 1 << 16
+#: Run-state events kept for attribution (a tick looks at the few since it began).
+_RUN_EVENTS_KEPT = 64
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """A STOP or RESUME event: which, and QEMU's timestamp of it in microseconds of the
+    host's real-time clock (g_get_real_time), or None if it had none."""
+
+    running: bool
+    stamp_us: int | None
 
 
 class _QmpProtocol(asyncio.BufferedProtocol):
@@ -63,6 +78,9 @@ class _QmpProtocol(asyncio.BufferedProtocol):
         #: One entry per command sent, in order; None for a reply nobody waits for.
         self.pending: deque[asyncio.Future[dict[str, Any]] | None] = deque()
         self.running: bool | None = None
+        #: The last STOP and RESUME events, and how many came in all (a position in them).
+        self.run_events: deque[RunEvent] = deque(maxlen=_RUN_EVENTS_KEPT)
+        self.run_event_count = 0
         #: QEMU's timestamp of the STOP event not yet followed by a RESUME.
         self.stopped_at: float | None = None
         #: The last pause QEMU reported (STOP to RESUME, its own timestamps), in seconds.
@@ -78,6 +96,20 @@ class _QmpProtocol(asyncio.BufferedProtocol):
         self.transport = transport
         self._fd = transport.get_extra_info("socket").fileno()
         self._poller.register(self._fd, select.POLLIN)
+
+    def drain(self) -> None:
+        """Read whatever QEMU has sent and we have not read yet, without waiting: the
+        run state must not be decided on a STOP still sitting in the socket."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        while self.closed is None and self._poller.poll(0):
+            try:
+                count = os.readv(self._fd, [self._chunk])
+            except OSError:
+                return
+            if not count:
+                return
+            self.buffer_updated(count)
 
     def read_directly(self, future: asyncio.Future[dict[str, Any]], seconds: float) -> None:
         """Read the socket without the event loop until `future` has its reply or
@@ -133,9 +165,11 @@ class _QmpProtocol(asyncio.BufferedProtocol):
         event = message["event"]
         if event not in ("STOP", "RESUME"):
             return
-        if self.running is not None:
-            self.running = event == "RESUME"
-        stamp = _timestamp(message)
+        self.running = event == "RESUME"
+        stamp_us = _timestamp_us(message)
+        self.run_events.append(RunEvent(self.running, stamp_us))
+        stamp = None if stamp_us is None else stamp_us / 1e6
+        self.run_event_count += 1
         if event == "STOP":
             self.stopped_at = stamp
         elif self.stopped_at is not None and stamp is not None:
@@ -163,6 +197,19 @@ class QmpSession:
         self.path = path
         #: The encoded command whose all but last bytes QEMU has been sent (see prime).
         self._primed: bytes | None = None
+        #: When the last `stop` was sent (its last byte), by the host's real-time clock in
+        #: microseconds, as QEMU stamps events: a STOP stamped before it is not ours.
+        self.stop_sent_us: int | None = None
+        #: Set when a command timed out: QEMU may still be busy with it, and the replies
+        #: of this connection can no longer be trusted to come in time.
+        self.timed_out = False
+        #: The pause marker of this socket once claimed (target.recovery), else None.
+        self.marker: PauseMarker | None = None
+        #: Set when the VM we paused could not be resumed: the marker flag must stay.
+        self.resume_failed = False
+        #: The event loop time by which the current tick must end (PauseHold's budget):
+        #: no command is sent after it and none is waited for beyond it (TickOverrun).
+        self.deadline: float | None = None
 
     @classmethod
     async def connect(cls, path: str, timeout: float = CONNECT_TIMEOUT_S) -> QmpSession:
@@ -245,9 +292,13 @@ class QmpSession:
     def _send(self, *requests: tuple[str, bytes]) -> list[asyncio.Future[dict[str, Any]]]:
         """Send (command, encoded) requests in one write, completing a primed one; the
         futures of their replies, in order."""
-        data = b"".join(self._unsent(encoded) for _, encoded in requests)
-        self._write(data, requests[0][0])
         loop = asyncio.get_running_loop()
+        if self.deadline is not None and loop.time() >= self.deadline:
+            raise TickOverrun(f"the tick outlived its time budget before {requests[0][0]!r}")
+        data = b"".join(self._unsent(encoded) for _, encoded in requests)
+        if requests[0][0] == "stop":
+            self.stop_sent_us = time.time_ns() // 1000  # before: QEMU cannot stop earlier
+        self._write(data, requests[0][0])
         futures = [loop.create_future() for _ in requests]
         self._protocol.pending.extend(futures)
         return futures
@@ -273,10 +324,16 @@ class QmpSession:
         timer = None
         if not future.done():
             # A bare timer, not asyncio.timeout(): 35 us less a command (bench/sample_cost.py).
-            timer = loop.call_at(loop.time() + COMMAND_TIMEOUT_S, _expire, future)
+            when = loop.time() + COMMAND_TIMEOUT_S
+            if self.deadline is not None and self.deadline < when:
+                overrun = TickOverrun(f"the tick outlived its time budget in {command!r}")
+                timer = loop.call_at(self.deadline, _expire, future, overrun)
+            else:
+                timer = loop.call_at(when, _expire, future, TimeoutError())
         try:
             return await future
         except TimeoutError as err:
+            self.timed_out = True
             raise CommandFailed(command, f"no answer within {COMMAND_TIMEOUT_S:g} s") from err
         except (OSError, EOFError, ValueError) as err:
             raise TargetGone(f"QEMU closed the QMP connection during {command!r}") from err
@@ -315,11 +372,36 @@ class QmpSession:
         """Whether the guest is running (not paused by us, GDB, or anyone else).
 
         Asks QEMU once, then follows its STOP and RESUME events (GDB's stops raise
-        them too), so a tick needs no `query-status` round trip."""
+        them too), read up to now, so a tick needs no `query-status` round trip."""
+        self._protocol.drain()
         if self._protocol.running is None:
             status = await self.execute("query-status")
-            self._protocol.running = bool(status["running"])
+            if self._protocol.running is None:  # no event since, which would be newer
+                self._protocol.running = bool(status["running"])
         return self._protocol.running
+
+    def drain(self) -> None:
+        """Read what QEMU has sent already (events), without waiting."""
+        self._protocol.drain()
+
+    @property
+    def run_event_count(self) -> int:
+        """How many STOP and RESUME events came so far: a mark for `run_events_since`."""
+        return self._protocol.run_event_count
+
+    def run_events_since(self, mark: int) -> list[RunEvent] | None:
+        """The STOP and RESUME events read since `run_event_count` was `mark`; None when
+        more came than are kept (then nobody can say what happened)."""
+        count = self._protocol.run_event_count - mark
+        kept = self._protocol.run_events
+        if count > len(kept):
+            return None
+        return list(kept)[len(kept) - count :] if count else []
+
+    def cancel_primed(self) -> None:
+        """Cancel a primed command now (QmpSession.prime), so that it can never run."""
+        if self._primed is not None and self._protocol.closed is None:
+            self._write(self._cancel_primed(), "cancel")
 
     def take_last_pause(self) -> float | None:
         """How long the last pause lasted by QEMU's own clock (its STOP and RESUME events'
@@ -342,20 +424,20 @@ _LAST_BYTES = 1
 _CANCEL = b',"qmpprof-cancelled":true}'
 
 
-def _timestamp(message: dict[str, Any]) -> float | None:
-    """An event's `timestamp` in seconds, or None if it has none that makes sense."""
+def _timestamp_us(message: dict[str, Any]) -> int | None:
+    """An event's `timestamp` in microseconds, or None if it has none that makes sense."""
     stamp = message.get("timestamp")
     if not isinstance(stamp, dict):
         return None
     seconds, microseconds = stamp.get("seconds"), stamp.get("microseconds")
     if not isinstance(seconds, int) or not isinstance(microseconds, int):
         return None
-    return seconds + microseconds / 1e6
+    return seconds * 1_000_000 + microseconds
 
 
-def _expire(future: asyncio.Future[dict[str, Any]]) -> None:
+def _expire(future: asyncio.Future[dict[str, Any]], error: Exception) -> None:
     if not future.done():  # its reply, if it ever comes, is skipped (the future is done)
-        future.set_exception(TimeoutError())
+        future.set_exception(error)
 
 
 _HMP = "human-monitor-command"
@@ -408,29 +490,3 @@ def _describe_os_error(err: OSError) -> str:
     if isinstance(err, PermissionError):
         return "permission denied"
     return err.strerror or str(err)
-
-
-@contextlib.asynccontextmanager
-async def paused(session: QmpSession) -> AsyncIterator[bool]:
-    """Hold a running VM paused for the block; yields whether we paused it.
-
-    A VM that was already paused (by the user, or by GDB holding the gdbstub) is left
-    exactly as it is: we neither stop nor resume it. One we paused is resumed on every
-    way out of the block, exceptions and cancellation included.
-    """
-    if not await session.is_running():
-        yield False
-        return
-    async with resumed_after(session):
-        await session.stop()
-        yield True
-
-
-@contextlib.asynccontextmanager
-async def resumed_after(session: QmpSession) -> AsyncIterator[None]:
-    """Resume the VM on every way out of the block, exceptions and cancellation included:
-    for a block that pauses a running VM itself (`hmp(..., first="stop")`)."""
-    try:
-        yield
-    finally:
-        await session.cont()

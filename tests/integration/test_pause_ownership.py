@@ -1,0 +1,130 @@
+"""Someone else's pause is never undone: another QMP client (on a second monitor of the
+same QEMU) whose `stop` took effect sees no RESUME it did not cause until qmpprof has
+exited, in stop and nonblocking mode, at a low and a high rate, for `record` and `dump`.
+
+Deterministic: the other client stops the VM while qmpprof is frozen (SIGSTOP) where
+it waits for its next tick, so no command of qmpprof's is in flight and the other
+client's `stop` is the one that pauses the VM (it sees its own STOP before its reply).
+qmpprof is then let go and must find the VM paused by someone else.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from qmpprof.target.qmp import QmpSession, paused
+from tests.integration.conftest import Guest, record_args, run_qmpprof, running_guest
+from tests.integration.watcher import Watcher, freeze_between_ticks, watching
+
+
+@pytest.fixture
+def watched(workdir: Path) -> Iterator[tuple[Guest, str]]:
+    """A guest with a second QMP monitor for the other client: (guest, its socket)."""
+    other = str(workdir / "other.sock")
+    accel = os.environ.get("ACCEL", "tcg")
+    with running_guest(workdir, "--accel", accel, "--extra-qmp", other) as guest:
+        yield guest, other
+
+
+def start_record(guest: Guest, output: Path, *extra: str) -> subprocess.Popen[str]:
+    args = record_args(guest.qmp, guest.kernel, 3, output, *extra)
+    return subprocess.Popen(
+        [sys.executable, "-m", "qmpprof", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def assert_never_resumed(watcher: Watcher, since: int) -> None:
+    names = watcher.run_state_events()[since:]
+    assert "RESUME" not in names, f"qmpprof undid another client's stop: {names[:6]}..."
+
+
+@pytest.mark.parametrize("mode", ["stop", "nonblocking"])
+@pytest.mark.parametrize("rate", ["99", "400"])
+def test_record_never_undoes_a_stop_that_took_effect(
+    watched: tuple[Guest, str], tmp_path: Path, mode: str, rate: str
+) -> None:
+    guest, other = watched
+    extra = ["--rate", rate] + (["--nonblocking"] if mode == "nonblocking" else [])
+    with watching(other) as watcher:
+        record = start_record(guest, tmp_path / "p.folded", *extra)
+        try:
+            assert freeze_between_ticks(record), "qmpprof ended before its first tick"
+            assert watcher.stop_took_effect()
+            stopped_at = len(watcher.events)
+            os.kill(record.pid, signal.SIGCONT)
+            out, err = record.communicate(timeout=60)
+        finally:
+            record.kill()
+            record.wait()
+        assert record.returncode == 0, err
+        assert_never_resumed(watcher, stopped_at)
+        assert "skipped while the VM was paused by others" in out
+        assert guest.status() == "paused"
+
+
+def test_dump_never_undoes_a_stop_that_took_effect_during_its_pause(
+    watched: tuple[Guest, str],
+) -> None:
+    """The other client resumes the VM dump paused and pauses it again while dump reads
+    it: dump, which sees a RESUME and a STOP it did not cause, must not resume it."""
+    guest, other = watched
+    with watching(other) as watcher:
+        args = ["--qmp-socket", guest.qmp, "--kernel", str(guest.kernel), "--memory", "hmp"]
+        dump = subprocess.Popen(
+            [sys.executable, "-m", "qmpprof", "dump", *args, "--stack-bytes", "65536"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            watcher.wait_for("STOP")  # dump's
+            watcher.call("cont")
+            took_effect = watcher.stop_took_effect()
+            stopped_at = len(watcher.events)
+            _, err = dump.communicate(timeout=60)
+        finally:
+            dump.kill()
+            dump.wait()
+        assert dump.returncode == 0, err
+        if took_effect:
+            assert_never_resumed(watcher, stopped_at)
+            assert guest.status() == "paused"
+        else:  # dump had resumed before our cont: our stop then found the VM running
+            assert guest.status() == "running"
+
+
+def test_dump_leaves_a_vm_paused_by_another_client_paused(watched: tuple[Guest, str]) -> None:
+    guest, other = watched
+    with watching(other) as watcher:
+        assert watcher.stop_took_effect()
+        stopped_at = len(watcher.events)
+        done = run_qmpprof("dump", "--qmp-socket", guest.qmp, "--kernel", str(guest.kernel))
+        assert done.returncode == 0, done.stderr
+        assert_never_resumed(watcher, stopped_at)
+
+
+async def test_a_stop_seen_before_ours_is_never_undone(watched: tuple[Guest, str]) -> None:
+    """The session believed the VM running; another client's STOP waits unread in its
+    socket when it pauses: it must read it first and leave the VM alone."""
+    guest, other = watched
+    session = await QmpSession.connect(guest.qmp)
+    try:
+        assert await session.is_running()
+        with watching(other) as watcher:
+            assert watcher.stop_took_effect()
+            stopped_at = len(watcher.events)
+            async with paused(session) as ours:
+                assert not ours
+            assert_never_resumed(watcher, stopped_at)
+    finally:
+        await session.close()
