@@ -7,10 +7,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Guest
+from tests.integration.conftest import Guest, record_args
 
 SESSION = "qmpprof-top-test"
 #: The example guest's hottest function (about half of all samples).
@@ -77,3 +78,83 @@ def test_top_shows_the_hottest_function_sorts_and_quits(top: None, guest: Guest)
     tmux("send-keys", "-t", SESSION, "q")
     wait_for(lambda _: SESSION not in tmux("list-sessions"), 10)
     assert guest.status() == "running"
+
+
+def start_in_tmux(session: str, command: str, directory: Path, keep_stderr: bool) -> None:
+    """Run `command` in a new 80x24 tmux session; its pid, exit status and (keep_stderr)
+    stderr land in `directory` (pid, status, stderr)."""
+    redirect = f"2> {directory}/stderr" if keep_stderr else ""
+    script = f"echo $$ > {directory}/pid; {command} {redirect}; echo $? > {directory}/status"
+    tmux("new-session", "-d", "-s", session, "-x", "80", "-y", "24", "sh", "-c", script)
+
+
+def wait_for_exit(pid: int, limit_s: float) -> None:
+    """Poll until process `pid` is gone (the shell tmux ran, and qmpprof under it)."""
+    started = time.monotonic()
+    while Path(f"/proc/{pid}").exists():
+        assert time.monotonic() - started < limit_s, f"process {pid} still running"
+        time.sleep(0.05)  # polling for an exit, not a synchronisation
+
+
+def top_command(guest: Guest, *extra: str) -> str:
+    return qmpprof_command("top", "--qmp-socket", guest.qmp, "--kernel", str(guest.kernel), *extra)
+
+
+def qmpprof_command(*args: str) -> str:
+    return " ".join([sys.executable, "-m", "qmpprof", *args])
+
+
+def needs_tmux() -> None:
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (make test installs it)")
+
+
+def test_closing_the_terminal_leaves_the_vm_running(guest: Guest, workdir: Path) -> None:
+    """tmux kill-session sends SIGHUP and takes the terminal away, at any moment of a
+    stop-mode tick (at 300 Hz the VM is paused about half the time): three times over."""
+    needs_tmux()
+    for attempt in range(3):
+        directory = workdir / f"kill{attempt}"
+        directory.mkdir()
+        session = f"qmpprof-top-kill-{attempt}"
+        start_in_tmux(
+            session, "exec " + top_command(guest, "--rate", "300"), directory, keep_stderr=True
+        )
+        wait_for_session_text(session, lambda text: HOTTEST in text, 60)
+        tmux("kill-session", "-t", session)
+        wait_for_exit(int((directory / "pid").read_text()), 30)
+        assert guest.status() == "running", f"attempt {attempt}"
+
+
+def wait_for_session_text(session: str, condition: Callable[[str], bool], limit_s: float) -> None:
+    started = time.monotonic()
+    while not condition(tmux("capture-pane", "-p", "-t", session)):
+        assert time.monotonic() - started < limit_s, tmux("capture-pane", "-p", "-t", session)
+        time.sleep(0.05)  # polling interval of a screen reader, not a synchronisation
+
+
+def test_top_ends_with_one_line_when_qemu_exits(guest: Guest, workdir: Path) -> None:
+    needs_tmux()
+    session = "qmpprof-top-qemu-exits"
+    start_in_tmux(session, top_command(guest), workdir, keep_stderr=True)
+    wait_for_session_text(session, lambda text: HOTTEST in text, 60)
+    subprocess.run(["kill", "-KILL", str(guest.pid)], check=True)
+    wait_for_exit(int((workdir / "pid").read_text()), 30)
+    assert (workdir / "status").read_text().strip() == "1"
+    lines = (workdir / "stderr").read_text().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("qmpprof: error: top stopped: QEMU exited")
+
+
+def test_record_keeps_its_profile_when_the_terminal_closes(guest: Guest, workdir: Path) -> None:
+    """SIGHUP and a terminal that fails every write: the outputs are written first."""
+    needs_tmux()
+    session = "qmpprof-record-kill"
+    output = workdir / "p.folded"
+    args = record_args(guest.qmp, guest.kernel, 300, output, "--rate", "300")
+    start_in_tmux(session, "exec " + qmpprof_command(*args), workdir, keep_stderr=False)
+    wait_for_session_text(session, lambda text: " Hz" in text and "0 samples" not in text, 60)
+    tmux("kill-session", "-t", session)
+    wait_for_exit(int((workdir / "pid").read_text()), 30)
+    assert guest.status() == "running"
+    counts = [int(line.rsplit(" ", 1)[1]) for line in output.read_text().splitlines()]
+    assert sum(counts) > 0
