@@ -11,7 +11,10 @@ from qmpprof.errors import KernelMismatch, UsageError
 from qmpprof.output.dump import dump_json, dump_text
 from qmpprof.symbols.coverage import KernelCoverage
 from qmpprof.symbols.lines import SourceLookup
-from qmpprof.target.qmp import paused
+from qmpprof.target.pause import paused
+
+#: How long dump may hold the VM paused before it gives up (TickOverrun), VM resumed.
+DUMP_BUDGET_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -24,7 +27,10 @@ class DumpOptions:
 async def run_dump(options: DumpOptions, out: Console) -> None:
     """Print every vCPU's stack. Raises QmpprofError (KernelMismatch after printing)."""
     analyzer = build_analyzer(options.target)
-    async with connected(options.target, analyzer) as (session, _, capturer), paused(session):
+    async with (
+        connected(options.target, analyzer) as (session, _, capturer),
+        paused(session, DUMP_BUDGET_S),
+    ):
         raws = await capturer.capture()
     if not raws:
         raise UsageError(f"no vCPU {', '.join(map(str, options.target.cpus))} in this guest")

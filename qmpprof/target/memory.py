@@ -14,7 +14,7 @@ import contextlib
 import os
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from qmpprof.errors import CommandFailed, UsageError
@@ -22,6 +22,12 @@ from qmpprof.model import RegisterSet
 from qmpprof.target.qmp import QmpSession
 
 PAGE_SIZE = 4096
+#: The most one QMP command reads: a window is read in commands of at most this much,
+#: so that one command never holds QEMU's monitor for long and a tick that outlives its
+#: budget is abandoned between two of them (an `x` of 32 KiB is ~75 KB of text and a
+#: few milliseconds; a whole 100 MB `x` kept the VM paused for over 12 s).
+HMP_CHUNK = 32 * 1024
+MEMSAVE_CHUNK = 256 * 1024
 _ADDRESS_SPACE_END = 1 << 64
 _HMP_LINE = re.compile(r"^([0-9a-f]+):((?: 0x[0-9a-f]{16})+)\s*$")
 
@@ -58,10 +64,10 @@ class HmpMemory:
         pass  # QEMU translates with each vCPU's own page tables
 
     async def read_window(self, cpu: int, address: int, size: int) -> bytes:
-        words = _clamp(address, size) // 8
-        if words == 0:
-            return b""
-        text = await self._session.hmp(f"x /{words}gx {address:#x}", cpu=cpu)
+        return await _in_chunks(self._read, cpu, address, _clamp(address, size), HMP_CHUNK)
+
+    async def _read(self, cpu: int, address: int, size: int) -> bytes:
+        text = await self._session.hmp(f"x /{size // 8}gx {address:#x}", cpu=cpu)
         return parse_hmp_words(text, address)
 
     async def close(self) -> None:
@@ -84,10 +90,14 @@ class MemsaveMemory:
         pass  # QEMU translates with each vCPU's own page tables
 
     async def read_window(self, cpu: int, address: int, size: int) -> bytes:
-        size = _clamp(address, size)
+        return await _in_chunks(self._read, cpu, address, _clamp(address, size), MEMSAVE_CHUNK)
+
+    async def _read(self, cpu: int, address: int, size: int) -> bytes:
         try:
             return await self._save(cpu, address, size)
         except CommandFailed:
+            if self._session.timed_out:  # not a refusal: QEMU is stuck
+                raise
             return await self._read_pages(cpu, address, size)
 
     async def _read_pages(self, cpu: int, address: int, size: int) -> bytes:
@@ -99,6 +109,8 @@ class MemsaveMemory:
             try:
                 data += await self._save(cpu, address, chunk)
             except CommandFailed:
+                if self._session.timed_out:
+                    raise
                 break
             address += chunk
         return bytes(data)
@@ -152,6 +164,21 @@ async def _memsave_works(session: QmpSession, backend: MemsaveMemory) -> bool:
             return len(stream.read(1)) == 1
     except (CommandFailed, OSError):
         return False
+
+
+async def _in_chunks(
+    read: Callable[[int, int, int], Awaitable[bytes]], cpu: int, address: int, size: int, chunk: int
+) -> bytes:
+    """`read(cpu, address, size)` in pieces of at most `chunk` bytes, up to the first
+    short one (the readable prefix ends there)."""
+    data = bytearray()
+    while len(data) < size:
+        want = min(chunk, size - len(data))
+        piece = await read(cpu, address + len(data), want)
+        data += piece
+        if len(piece) < want:
+            break
+    return bytes(data)
 
 
 def parse_hmp_words(text: str, address: int) -> bytes:

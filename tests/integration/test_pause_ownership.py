@@ -128,3 +128,13 @@ async def test_a_stop_seen_before_ours_is_never_undone(watched: tuple[Guest, str
             assert_never_resumed(watcher, stopped_at)
     finally:
         await session.close()
+
+
+def test_cpus_naming_no_vcpu_is_refused_before_any_pause(watched: tuple[Guest, str]) -> None:
+    guest, other = watched
+    with watching(other) as watcher:
+        for command in (["dump"], ["record", "--duration", "1", "-o", "/dev/null"]):
+            done = run_qmpprof(*command, "--qmp-socket", guest.qmp, "--cpus", "99")
+            assert done.returncode == 1
+            assert done.stderr.count("\n") == 1 and "no vCPU 99" in done.stderr, done.stderr
+        assert watcher.run_state_events() == [], "qmpprof paused the VM"
