@@ -10,6 +10,7 @@ qmpprof is then let go and must find the VM paused by someone else.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -19,6 +20,14 @@ from pathlib import Path
 
 import pytest
 
+import qmpprof.record.sampler as sampler
+import qmpprof.target.qmp as qmp
+from qmpprof.analysis import Analyzer
+from qmpprof.errors import MonitorStuck
+from qmpprof.modules import load_module
+from qmpprof.record.capture import CaptureConfig, Capturer
+from qmpprof.record.sampler import LoopConfig, sample_loop
+from qmpprof.target.memory import HmpMemory
 from qmpprof.target.qmp import QmpSession, paused
 from tests.integration.conftest import Guest, record_args, run_qmpprof, running_guest
 from tests.integration.watcher import Watcher, freeze_between_ticks, watching
@@ -138,3 +147,67 @@ def test_cpus_naming_no_vcpu_is_refused_before_any_pause(watched: tuple[Guest, s
             assert done.returncode == 1
             assert done.stderr.count("\n") == 1 and "no vCPU 99" in done.stderr, done.stderr
         assert watcher.run_state_events() == [], "qmpprof paused the VM"
+
+
+async def test_a_pause_is_undone_when_its_task_is_cancelled(watched: tuple[Guest, str]) -> None:
+    guest, other = watched
+    session = await QmpSession.connect(guest.qmp)
+    holding = asyncio.Event()
+
+    async def hold_forever() -> None:
+        async with paused(session) as ours:
+            assert ours
+            holding.set()
+            await asyncio.Event().wait()
+
+    try:
+        task = asyncio.create_task(hold_forever())
+        await holding.wait()
+        with watching(other) as watcher:
+            assert watcher.status() == "paused"
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert watcher.status() == "running"
+    finally:
+        await session.close()
+
+
+async def test_a_stuck_monitor_gets_the_vm_resumed_on_a_fresh_connection(
+    guest: Guest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(qmp, "COMMAND_TIMEOUT_S", 0.5)
+    session = await QmpSession.connect(guest.qmp)
+    try:
+        with pytest.raises(MonitorStuck):
+            async with paused(session) as ours:
+                assert ours
+                transport = session._protocol.transport
+                assert transport is not None
+                # An unclosed JSON array: QEMU's parser waits for its end, so that no
+                # command of this connection, `cont` included, is ever run.
+                transport.write(b"[")
+                await session.execute("query-status")
+        assert guest.status() == "running"
+    finally:
+        await session.close()
+
+
+async def test_ticks_that_outlive_their_budget_are_abandoned_and_counted(
+    guest: Guest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A budget no tick can meet: each is abandoned, counted, and the VM left running."""
+    monkeypatch.setattr(sampler, "TICK_BUDGET_S", 1e-6)
+    monkeypatch.setattr(sampler, "TICK_BUDGET_PERIODS", 0)
+    session = await QmpSession.connect(guest.qmp)
+    try:
+        analyzer = Analyzer(load_module(guest.kernel))
+        capturer = Capturer(session, HmpMemory(session), analyzer, CaptureConfig(1 << 20))
+        config = LoopConfig(period_s=0.05, duration_s=0.5)
+        stats = await sample_loop(session, capturer, config, asyncio.Event(), lambda _: None)
+        assert stats.abandoned > 0 and stats.ticks == 0
+        assert stats.ended_by is not None and "budget" in stats.ended_by
+        assert await session.is_running()
+    finally:
+        await session.close()
+    assert guest.status() == "running"

@@ -62,6 +62,13 @@ class Watcher:
         assert "return" in reply, reply
         return [e.name for e in seen if e.stamp_us >= sent_us] == ["STOP"]
 
+    def status(self) -> str:
+        """The VM's run state as query-status says it: running, paused, ..."""
+        _, reply = self.call("query-status")
+        result = reply["return"]
+        assert isinstance(result, dict)
+        return str(result["status"])
+
     def wait_for(self, name: str) -> Event:
         """Block until the next `name` event (STOP or RESUME)."""
         start = len(self.events)
