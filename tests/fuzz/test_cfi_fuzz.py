@@ -1,7 +1,16 @@
-"""Hostile input: corrupt CFI sections and random stacks never raise and never loop."""
+"""Hostile CFI: corrupt .eh_frame/.debug_frame sections, random CFA programs and
+expressions, and random stacks never raise anything but qmpprof's errors, and every
+unwind ends with a StopReason.
+
+The sections are those of cfi_instructions.S (every DW_CFA_* instruction, in both
+sections) and of cfi_chain.c as gcc builds it; they are read once, and each case
+mutates the bytes in memory and parses only them (small: a case takes a millisecond).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -9,64 +18,149 @@ from elftools.elf.elffile import ELFFile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from qmpprof.errors import BadCfi, MemoryFault
 from qmpprof.memory import WindowMemory
 from qmpprof.model import MemoryWindow, StopReason
-from qmpprof.unwind.cfi import CfiTable, load_cfi, parse_cfi_section
+from qmpprof.unwind.cfi import CfiTable, load_cfi
+from qmpprof.unwind.cfi_entries import FdeEntry, parse_section
+from qmpprof.unwind.cfi_program import compile_fde
+from qmpprof.unwind.dwarf_expr import UnsupportedExpression, decode_expression, evaluate
 from qmpprof.unwind.rules import REGISTER_COUNT, RIP, RSP
 from qmpprof.unwind.unwinder import Strategy, unwind
+from tests.fuzz.budget import cases, counted
 from tests.unit.conftest import build_elf
 
 STACK = 0x7FFF_0000
 FIXTURES = [HealthCheck.function_scoped_fixture]
+MEMORY = WindowMemory([MemoryWindow(STACK, bytes(range(256)) * 4)])
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    name: str
+    data: bytes
+    address: int
+    starts: list[int]  # where its FDEs start: the addresses each case looks up
+
+    def table(self, data: bytes) -> CfiTable:
+        found = parse_section(data, self.address, self.name == ".eh_frame")
+        return CfiTable(found.fdes, found.problems)
+
+
+def sections_of(elf: Path) -> list[Section]:
+    found = []
+    with elf.open("rb") as stream:
+        for name in (".eh_frame", ".debug_frame"):
+            section = ELFFile(stream).get_section_by_name(name)
+            if section is not None:
+                data, address = section.data(), section["sh_addr"]
+                fdes = parse_section(data, address, name == ".eh_frame").fdes
+                found.append(Section(name, data, address, [fde.start for fde in fdes]))
+    return found
 
 
 @pytest.fixture(scope="module")
-def real_elf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def sections(tmp_path_factory: pytest.TempPathFactory) -> list[Section]:
+    out = tmp_path_factory.mktemp("cfi-fuzz")
+    every = build_elf("cfi_instructions.S", out, "-nostdlib", "-static", "-DBOTH_SECTIONS")
+    chain = build_elf("cfi_chain.c", out, "-O2", "-g")
+    debug_only = build_elf("cfi_chain.c", out, "-O2", "-g", "-fno-asynchronous-unwind-tables")
+    found = sections_of(every) + sections_of(chain) + sections_of(debug_only)
+    assert {s.name for s in found} == {".eh_frame", ".debug_frame"}
+    return found
+
+
+def use_everything(table: CfiTable, addresses: list[int]) -> None:
+    """Look up every address and unwind from it (all of which must not raise)."""
+    table.uncompiled().summary()
+    for address in addresses:
+        table.row_for(address)
+        table.row_for(address + 1)
+        regs: list[int | None] = [STACK + 64] * REGISTER_COUNT
+        regs[RIP], regs[RSP] = address + 1, STACK
+        assert isinstance(unwind(regs, MEMORY, table, Strategy.CFI).stop, StopReason)
+
+
+@settings(max_examples=cases(100), deadline=None, suppress_health_check=FIXTURES)
+@given(which=st.integers(min_value=0), cut=st.floats(min_value=0, max_value=1))
+@counted
+def test_truncated_sections(sections: list[Section], which: int, cut: float) -> None:
+    section = sections[which % len(sections)]
+    table = section.table(section.data[: int(len(section.data) * cut)])
+    use_everything(table, section.starts)
+
+
+@settings(max_examples=cases(150), deadline=None, suppress_health_check=FIXTURES)
+@given(
+    which=st.integers(min_value=0),
+    flips=st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255)), min_size=1, max_size=8),
+)
+@counted
+def test_corrupted_sections(
+    sections: list[Section], which: int, flips: list[tuple[float, int]]
+) -> None:
+    section = sections[which % len(sections)]
+    mutated = bytearray(section.data)
+    for where, value in flips:
+        mutated[min(int(where * len(mutated)), len(mutated) - 1)] = value
+    use_everything(section.table(bytes(mutated)), section.starts)
+
+
+def a_real_fde(sections: list[Section]) -> FdeEntry:
+    section = sections[0]
+    return parse_section(section.data, section.address, section.name == ".eh_frame").fdes[0]
+
+
+@settings(max_examples=cases(300), deadline=None, suppress_health_check=FIXTURES)
+@given(cie_program=st.binary(max_size=24), fde_program=st.binary(max_size=48))
+@counted
+def test_random_cfa_programs(
+    sections: list[Section], cie_program: bytes, fde_program: bytes
+) -> None:
+    """Any instruction bytes in a CIE and an FDE: BadCfi or rows an unwind can use."""
+    fde = a_real_fde(sections)
+    cie = dataclasses.replace(fde.cie, instructions=cie_program)
+    fde = dataclasses.replace(fde, cie=cie, instructions=fde_program)
+    with contextlib.suppress(BadCfi):
+        compile_fde(fde)
+    use_everything(CfiTable([fde]), [fde.start, fde.start + 3])
+
+
+def test_cie_without_cfa_register(sections: list[Section]) -> None:
+    """DW_CFA_def_cfa_offset with no register ever named: counted, never a TypeError."""
+    fde = a_real_fde(sections)
+    cie = dataclasses.replace(fde.cie, instructions=b"\x0e\x10\x90\x01")  # offset 16; ra at -8
+    fde = dataclasses.replace(fde, cie=cie, instructions=b"\x41\x0e\x18")
+    table = CfiTable([fde])
+    assert table.uncompiled().functions == 1
+    regs: list[int | None] = [STACK] * REGISTER_COUNT
+    regs[RIP] = fde.start + 2
+    assert unwind(regs, MEMORY, table, Strategy.CFI).stop is StopReason.NO_UNWIND_INFO
+
+
+@settings(max_examples=cases(300), deadline=None)
+@given(block=st.binary(max_size=32), base=st.integers(0, 2**64 - 1))
+@counted
+def test_random_expressions(block: bytes, base: int) -> None:
+    regs: list[int | None] = [(base + 8 * n) % 2**64 for n in range(REGISTER_COUNT)]
+    with contextlib.suppress(UnsupportedExpression, MemoryFault):
+        evaluate(decode_expression(block), regs, MEMORY, (STACK,))
+
+
+@pytest.fixture(scope="module")
+def static_elf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_elf("cfi_chain.c", tmp_path_factory.mktemp("fuzz"), "-O2", "-g", "-static")
 
 
 @pytest.fixture(scope="module")
-def eh_frame(real_elf: Path) -> tuple[bytes, int, list[int]]:
-    with real_elf.open("rb") as stream:
+def static_table(static_elf: Path) -> tuple[CfiTable, list[int]]:
+    with static_elf.open("rb") as stream:
         section = ELFFile(stream).get_section_by_name(".eh_frame")
-        data, address = section.data(), section["sh_addr"]
-    starts = [fde.start for fde in parse_cfi_section(data, address, eh_frame=True)]
-    return data, address, starts
+        starts = [f.start for f in parse_section(section.data(), section["sh_addr"], True).fdes]
+    return load_cfi(static_elf), starts
 
 
-def lookups_never_raise(table: CfiTable, addresses: list[int]) -> None:
-    for address in addresses:
-        table.row_for(address)
-
-
-@settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(cut=st.floats(min_value=0, max_value=1))
-def test_truncated_eh_frame(eh_frame: tuple[bytes, int, list[int]], cut: float) -> None:
-    data, address, starts = eh_frame
-    table = CfiTable(parse_cfi_section(data[: int(len(data) * cut)], address, eh_frame=True))
-    lookups_never_raise(table, starts[::7])
-
-
-@settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(flips=st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255)), min_size=1, max_size=12))
-def test_corrupted_eh_frame(
-    eh_frame: tuple[bytes, int, list[int]], flips: list[tuple[float, int]]
-) -> None:
-    data, address, starts = eh_frame
-    mutated = bytearray(data)
-    for where, value in flips:
-        mutated[min(int(where * len(data)), len(data) - 1)] = value
-    table = CfiTable(parse_cfi_section(bytes(mutated), address, eh_frame=True))
-    lookups_never_raise(table, starts[::7])
-
-
-@settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=cases(200), deadline=None, suppress_health_check=FIXTURES)
 @given(
     stack=st.one_of(
         st.binary(max_size=2048),
@@ -75,27 +169,15 @@ def test_corrupted_eh_frame(
     pc_index=st.integers(min_value=0),
     depth=st.integers(min_value=1, max_value=300),
 )
+@counted
 def test_random_stacks_with_real_cfi(
-    real_elf: Path,
-    eh_frame: tuple[bytes, int, list[int]],
-    stack: bytes,
-    pc_index: int,
-    depth: int,
+    static_table: tuple[CfiTable, list[int]], stack: bytes, pc_index: int, depth: int
 ) -> None:
-    starts = eh_frame[2]
+    table, starts = static_table
     regs: list[int | None] = [STACK + 64] * REGISTER_COUNT
     regs[RIP] = starts[pc_index % len(starts)] + 1
     regs[RSP] = STACK
     memory = WindowMemory([MemoryWindow(STACK, stack)])
-    result = unwind(regs, memory, _table(real_elf), Strategy.AUTO, max_depth=depth)
+    result = unwind(regs, memory, table, Strategy.AUTO, max_depth=depth)
     assert 1 <= len(result.frames) <= depth
     assert isinstance(result.stop, StopReason)
-
-
-_TABLES: dict[Path, CfiTable] = {}
-
-
-def _table(elf: Path) -> CfiTable:
-    if elf not in _TABLES:
-        _TABLES[elf] = load_cfi(elf)
-    return _TABLES[elf]
