@@ -40,8 +40,9 @@ _MALFORMED = (
     TypeError,
     AssertionError,
     struct.error,
-    OverflowError,
+    ArithmeticError,
     RecursionError,
+    NotImplementedError,
     EOFError,
 )
 MAX_UNITS = 200_000
