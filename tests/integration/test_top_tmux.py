@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -80,12 +81,20 @@ def test_top_shows_the_hottest_function_sorts_and_quits(top: None, guest: Guest)
     assert guest.status() == "running"
 
 
-def start_in_tmux(session: str, command: str, directory: Path, keep_stderr: bool) -> None:
-    """Run `command` in a new 80x24 tmux session; its pid, exit status and (keep_stderr)
-    stderr land in `directory` (pid, status, stderr)."""
+@contextlib.contextmanager
+def in_tmux(session: str, command: str, directory: Path, keep_stderr: bool) -> Iterator[int]:
+    """Run `command` in a new 80x24 tmux session and yield the pid of the shell running it
+    (qmpprof, when it `exec`s); its exit status and (keep_stderr) stderr land in
+    `directory` (status, stderr). The session is gone when the block ends."""
+    tmux("kill-session", "-t", session)  # one a failed run may have left
     redirect = f"2> {directory}/stderr" if keep_stderr else ""
     script = f"echo $$ > {directory}/pid; {command} {redirect}; echo $? > {directory}/status"
     tmux("new-session", "-d", "-s", session, "-x", "80", "-y", "24", "sh", "-c", script)
+    try:
+        wait_for_session_text(session, lambda _: (directory / "pid").exists(), 10)
+        yield int((directory / "pid").read_text())
+    finally:
+        tmux("kill-session", "-t", session)
 
 
 def wait_for_exit(pid: int, limit_s: float) -> None:
@@ -117,12 +126,11 @@ def test_closing_the_terminal_leaves_the_vm_running(guest: Guest, workdir: Path)
         directory = workdir / f"kill{attempt}"
         directory.mkdir()
         session = f"qmpprof-top-kill-{attempt}"
-        start_in_tmux(
-            session, "exec " + top_command(guest, "--rate", "300"), directory, keep_stderr=True
-        )
-        wait_for_session_text(session, lambda text: HOTTEST in text, 60)
-        tmux("kill-session", "-t", session)
-        wait_for_exit(int((directory / "pid").read_text()), 30)
+        command = "exec " + top_command(guest, "--rate", "300")
+        with in_tmux(session, command, directory, keep_stderr=True) as pid:
+            wait_for_session_text(session, lambda text: HOTTEST in text, 60)
+            tmux("kill-session", "-t", session)
+            wait_for_exit(pid, 30)
         assert guest.status() == "running", f"attempt {attempt}"
 
 
@@ -136,10 +144,10 @@ def wait_for_session_text(session: str, condition: Callable[[str], bool], limit_
 def test_top_ends_with_one_line_when_qemu_exits(guest: Guest, workdir: Path) -> None:
     needs_tmux()
     session = "qmpprof-top-qemu-exits"
-    start_in_tmux(session, top_command(guest), workdir, keep_stderr=True)
-    wait_for_session_text(session, lambda text: HOTTEST in text, 60)
-    subprocess.run(["kill", "-KILL", str(guest.pid)], check=True)
-    wait_for_exit(int((workdir / "pid").read_text()), 30)
+    with in_tmux(session, top_command(guest), workdir, keep_stderr=True) as pid:
+        wait_for_session_text(session, lambda text: HOTTEST in text, 60)
+        subprocess.run(["kill", "-KILL", str(guest.pid)], check=True)
+        wait_for_exit(pid, 30)
     assert (workdir / "status").read_text().strip() == "1"
     lines = (workdir / "stderr").read_text().strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("qmpprof: error: top stopped: QEMU exited")
@@ -151,10 +159,10 @@ def test_record_keeps_its_profile_when_the_terminal_closes(guest: Guest, workdir
     session = "qmpprof-record-kill"
     output = workdir / "p.folded"
     args = record_args(guest.qmp, guest.kernel, 300, output, "--rate", "300")
-    start_in_tmux(session, "exec " + qmpprof_command(*args), workdir, keep_stderr=False)
-    wait_for_session_text(session, lambda text: " Hz" in text and "0 samples" not in text, 60)
-    tmux("kill-session", "-t", session)
-    wait_for_exit(int((workdir / "pid").read_text()), 30)
+    with in_tmux(session, "exec " + qmpprof_command(*args), workdir, keep_stderr=False) as pid:
+        wait_for_session_text(session, lambda text: " Hz" in text and "0 samples" not in text, 60)
+        tmux("kill-session", "-t", session)
+        wait_for_exit(pid, 30)
     assert guest.status() == "running"
     counts = [int(line.rsplit(" ", 1)[1]) for line in output.read_text().splitlines()]
     assert sum(counts) > 0
