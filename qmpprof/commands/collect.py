@@ -107,7 +107,9 @@ class CaptureOutput:
         self._note_writer_failure()
 
     def result(self) -> Written:
-        return Written(self.path, Format.QMPCAP, f"{self.count} samples", self.error)
+        """After close(): the samples the file holds (whole, on disk) and any failure."""
+        kept = getattr(self._writer, "samples_kept", self.count)
+        return Written(self.path, Format.QMPCAP, f"{kept} samples", self.error)
 
     def _fail(self, err: OSError) -> None:
         if self.error is None:
