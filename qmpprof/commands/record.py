@@ -94,7 +94,8 @@ async def _record(
         period_s=options.period_s, duration_s=options.duration_s, nonblocking=options.nonblocking
     )
     async with connected(options.target, collector.analyzer) as (session, memory, capturer):
-        _announce(options, collector, _describe(memory), err)
+        with contextlib.suppress(OSError):  # a terminal closed during setup (SIGHUP)
+            _announce(options, collector, _describe(memory), err)
         with _progress(err, options.duration_s) as progress:
             stats = await sample_loop(
                 session,
