@@ -120,12 +120,14 @@ class CfiTable:
         row_index = bisect.bisect_right(fde.starts, address) - 1
         return fde.rows[row_index] if row_index >= 0 else None
 
-    def uncompiled(self) -> Uncompiled:
-        """Compiles every FDE not compiled yet, and counts those that cannot be."""
+    def uncompiled(self, compile_all: bool = True) -> Uncompiled:
+        """The FDEs that cannot be compiled. `compile_all` compiles every FDE not compiled
+        yet (about 0.1 ms each: gdb's 20,000 take 1.5 s); without it, only the FDEs
+        lookups have reached so far are counted (free)."""
         reasons: Counter[str] = Counter()
         functions = replaced = 0
         for fde in self._fdes:
-            if fde.compiled():
+            if (fde.rows is None and not compile_all) or fde.compiled():
                 continue
             assert fde.problem is not None
             reasons[fde.problem] += 1

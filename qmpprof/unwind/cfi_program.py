@@ -84,14 +84,23 @@ class _Machine:
             self.rows.append((self.location, row))
 
     def _make_row(self) -> r.UnwindRow:
-        if self.cfa_expression is not None:
-            cfa = r.CfaRule(-1, 0, self.cfa_expression)
-        elif self.cfa_register is None:
+        if self.cfa_expression is None and self.cfa_register is None:
             raise BadCfi("no CFA rule (the CIE names no CFA register)")
-        else:
-            cfa = r.CfaRule(self.cfa_register, self.cfa_offset)
-        rules = tuple(self.rules.items())
-        return r.UnwindRow(cfa, rules, self.cie.return_column, self.cie.signal_frame)
+        cie = self.cie
+        key = (
+            self.cfa_register,
+            self.cfa_offset,
+            self.cfa_expression,
+            tuple(self.rules.items()),
+            cie.return_column,
+            cie.signal_frame,
+        )
+        row = _ROWS.get(key)
+        if row is None:
+            if len(_ROWS) >= MAX_SHARED_ROWS:
+                _ROWS.clear()
+            row = _ROWS[key] = _new_row(*key)
+        return row
 
     # -- state changes --------------------------------------------------------------
 
@@ -141,6 +150,28 @@ class _Machine:
         self.cfa_register, self.cfa_offset, self.cfa_expression = register, offset, expression
         self.rules = rules
         self.row = None
+
+
+#: Rows are few and repeat across functions (rsp+16, ra at cfa-8, ...): one object each
+#: makes compiling cheaper and the tables smaller.
+_ROWS: dict[tuple[object, ...], r.UnwindRow] = {}
+MAX_SHARED_ROWS = 1 << 16
+
+
+def _new_row(
+    register: int | None,
+    offset: int,
+    expression: Expression | None,
+    rules: tuple[tuple[int, r.RegisterRule], ...],
+    return_column: int,
+    signal_frame: bool,
+) -> r.UnwindRow:
+    if expression is not None:
+        cfa = r.CfaRule(-1, 0, expression)
+    else:
+        assert register is not None
+        cfa = r.CfaRule(register, offset)
+    return r.UnwindRow(cfa, rules, return_column, signal_frame)
 
 
 def _signed64(value: int) -> int:

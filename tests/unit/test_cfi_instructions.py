@@ -86,6 +86,9 @@ def test_every_instruction_agrees_with_readelf(instructions_elf: Path) -> None:
 
 def test_uncompilable_functions_are_counted_with_their_reason(broken_elf: Path) -> None:
     table = load_cfi(broken_elf)
+    assert not table.uncompiled(compile_all=False)  # nothing looked up, nothing compiled
+    table.row_for(0x401001)  # inside unknown_opcode
+    assert table.uncompiled(compile_all=False).functions == 1
     report = table.uncompiled()
     assert report.functions == 2 and report.replaced == 0
     assert dict(report.reasons) == {
