@@ -76,3 +76,22 @@ def test_top_in_a_terminal(guest: Guest, hostile_kernel: Path, tmp_path: Path) -
 
 def _bytes(path: Path) -> bytes:
     return path.read_bytes() if path.exists() else b""
+
+
+#: What fits in the example guest's 16-byte process name: clear screen, BEL, a line break.
+PROCESS_NAME = b"\x1b[2J\x07cr\nunch"
+
+
+def test_a_guest_process_named_with_escapes(workdir: Path, tmp_path: Path) -> None:
+    """GDB (which holds the guest stopped once attached) writes the name into the process
+    table, then lets the guest run on; qmpprof reads the name from guest memory, as always."""
+    from tests.integration.test_gdb_agreement import guest_under_gdb
+
+    with guest_under_gdb(workdir, "--workload", "user", "--smp", "2") as (guest, gdb):
+        gdb.command(f"-data-write-memory-bytes &process_table[0].name {PROCESS_NAME.hex()}00")
+        gdb.resume()
+        folded = tmp_path / "out.folded"
+        done = run_qmpprof(*record_args(guest.qmp, guest.kernel, 2, folded))
+    assert done.returncode == 0, done.stderr
+    assert raw_controls(done.stdout + done.stderr + folded.read_text()) == set()
+    assert visible(PROCESS_NAME.decode()) in done.stdout
