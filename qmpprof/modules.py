@@ -6,13 +6,13 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from qmpprof.errors import BadElf
 from qmpprof.memory import WindowMemory
-from qmpprof.symbols.elf import SymbolTable, load_symbols
-from qmpprof.symbols.image import load_code
+from qmpprof.symbols.elf import SymbolTable, read_code_symbols
+from qmpprof.symbols.elf_file import open_elf
+from qmpprof.symbols.image import code_sections
 from qmpprof.unwind.cfi import CfiTable, load_cfi
 
 
@@ -41,30 +41,23 @@ class Module:
 
 
 def load_module(path: str | Path, name: str | None = None) -> Module:
-    """Load an ELF as a module called `name` (default: the file name). Raises BadElf."""
+    """Load an ELF as a module called `name` (default: the file name). Raises BadElf
+    for a file that is missing, not an x86 ELF, or malformed (checked before the CFI,
+    which opens the file again, reads any of it)."""
     path = Path(path)
-    return Module(
-        name=name or path.name,
-        path=path,
-        symbols=load_symbols(path),
-        cfi=load_cfi(path),
-        code=load_code(path),
-        text=read_text_section(path),
-    )
+    with open_elf(path) as elf:
+        symbols = SymbolTable(path.name, read_code_symbols(elf))
+        code = WindowMemory(code_sections(elf))
+        text = text_section(elf)
+    return Module(name or path.name, path, symbols, load_cfi(path), code, text)
 
 
-def read_text_section(path: Path) -> TextSection | None:
-    """The .text section's address, size and SHA-256, or None without one. Raises BadElf."""
-    try:
-        with path.open("rb") as stream:
-            section = ELFFile(stream).get_section_by_name(".text")
-            if section is None or not section["sh_size"]:
-                return None
-            data = section.data()
-    except OSError as err:
-        raise BadElf(str(path), err.strerror or str(err)) from err
-    except ELFError as err:
-        raise BadElf(str(path), f"not a readable ELF file ({err})") from err
+def text_section(elf: ELFFile) -> TextSection | None:
+    """The .text of an ELF file opened by `open_elf`, or None without stored bytes."""
+    section = elf.get_section_by_name(".text")
+    if section is None or section["sh_type"] == "SHT_NOBITS" or not section["sh_size"]:
+        return None
+    data = section.data()
     return TextSection(section["sh_addr"], len(data), hashlib.sha256(data).hexdigest())
 
 

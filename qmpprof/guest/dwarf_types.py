@@ -3,13 +3,20 @@ from DWARF, so no offset is a constant in Python."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elftools.common.exceptions import DWARFError, ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
+
+from qmpprof.errors import BadElf
+from qmpprof.symbols.elf_file import open_elf
+
+#: The most DIEs read below one struct or array type: a struct a guest adapter needs
+#: has a few dozen members; the bound keeps hostile DWARF from making it millions.
+MAX_CHILD_DIES = 4096
 
 
 @dataclass(frozen=True)
@@ -30,11 +37,10 @@ def read_layout(path: Path, variables: set[str], structs: set[str]) -> KernelLay
     """Look up the named variables (.symtab) and structs (DWARF). Missing ones are absent;
     an unreadable ELF or DWARF gives an empty layout (the adapter then does not apply)."""
     try:
-        with path.open("rb") as stream:
-            elf = ELFFile(stream)
+        with open_elf(path) as elf:
             found_variables = _variables(elf, variables)
             found_structs = _structs(elf, structs) if elf.has_dwarf_info() else {}
-    except (OSError, ELFError, DWARFError, ValueError, KeyError):
+    except BadElf:
         return KernelLayout({}, {})
     return KernelLayout(found_variables, found_structs)
 
@@ -52,7 +58,8 @@ def _variables(elf: ELFFile, names: set[str]) -> dict[str, int]:
 
 def _structs(elf: ELFFile, names: set[str]) -> dict[str, dict[str, Member]]:
     found: dict[str, dict[str, Member]] = {}
-    for unit in elf.get_dwarf_info().iter_CUs():
+    # follow_links=False: a .gnu_debugaltlink names another file, which we do not open.
+    for unit in elf.get_dwarf_info(follow_links=False).iter_CUs():
         for die in unit.iter_DIEs():
             name = _name(die)
             if die.tag == "DW_TAG_structure_type" and name in names and name not in found:
@@ -66,15 +73,31 @@ def _structs(elf: ELFFile, names: set[str]) -> dict[str, dict[str, Member]]:
 
 def _members(struct: Any) -> dict[str, Member]:
     members = {}
-    for child in struct.iter_children():
+    for child in _children(struct):
         location = child.attributes.get("DW_AT_data_member_location")
-        if (
-            child.tag == "DW_TAG_member"
-            and location is not None
-            and isinstance(location.value, int)
-        ):
+        if child.tag == "DW_TAG_member" and location is not None and _is_count(location.value):
             members[_name(child) or ""] = Member(location.value, _byte_size(child))
     return members
+
+
+def _children(die: Any) -> Iterator[Any]:
+    """`die`'s children, read forward from it: pyelftools' iter_children follows
+    DW_AT_sibling, which hostile DWARF can point backwards into an endless loop."""
+    if not die.has_children:
+        return
+    offset = die.offset + die.size
+    depth = 1
+    for _ in range(MAX_CHILD_DIES):
+        child = die.cu.get_DIE_from_refaddr(offset)
+        offset += child.size
+        if child.is_null():
+            depth -= 1
+            if depth == 0:
+                return
+            continue
+        if depth == 1:
+            yield child
+        depth += bool(child.has_children)
 
 
 def _byte_size(member: Any) -> int | None:
@@ -83,15 +106,25 @@ def _byte_size(member: Any) -> int | None:
     type_die = member.get_DIE_from_attribute("DW_AT_type")
     size = type_die.attributes.get("DW_AT_byte_size")
     if size is not None:
-        return int(size.value)
+        return size.value if _is_count(size.value) else None
     if type_die.tag == "DW_TAG_array_type":
-        for sub in type_die.iter_children():
-            bound = sub.attributes.get("DW_AT_upper_bound") or sub.attributes.get("DW_AT_count")
-            if bound is not None:
-                return int(bound.value) + (1 if "DW_AT_upper_bound" in sub.attributes else 0)
+        for sub in _children(type_die):
+            upper = sub.attributes.get("DW_AT_upper_bound")
+            count = sub.attributes.get("DW_AT_count")
+            if upper is not None and _is_count(upper.value):
+                return int(upper.value) + 1
+            if count is not None and _is_count(count.value):
+                return int(count.value)
     return None
+
+
+def _is_count(value: object) -> bool:
+    """A constant that can be an offset or a size (not an expression block, not < 0)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _name(die: Any) -> str | None:
     attribute = die.attributes.get("DW_AT_name")
-    return attribute.value.decode("utf-8", "replace") if attribute is not None else None
+    if attribute is None or not isinstance(attribute.value, bytes):
+        return None
+    return attribute.value.decode("utf-8", "replace")

@@ -7,11 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-from qmpprof.errors import BadElf
+from qmpprof.symbols.elf_file import open_elf
 
 _CODE_TYPES = {"STT_FUNC", "STT_NOTYPE"}
 _SHF_EXECINSTR = 0x4
@@ -59,17 +58,12 @@ class SymbolTable:
 def load_symbols(path: str | Path) -> SymbolTable:
     """Read the code symbols of an ELF file (.symtab, else .dynsym). Raises BadElf."""
     path = Path(path)
-    try:
-        with path.open("rb") as stream:
-            symbols = _read_code_symbols(ELFFile(stream))
-    except OSError as err:
-        raise BadElf(str(path), err.strerror or str(err)) from err
-    except ELFError as err:
-        raise BadElf(str(path), f"not a readable ELF file ({err})") from err
-    return SymbolTable(path.name, symbols)
+    with open_elf(path) as elf:
+        return SymbolTable(path.name, read_code_symbols(elf))
 
 
-def _read_code_symbols(elf: ELFFile) -> list[Symbol]:
+def read_code_symbols(elf: ELFFile) -> list[Symbol]:
+    """The code symbols of an ELF file opened by `open_elf`."""
     section_ends = {
         index: section["sh_addr"] + section["sh_size"]
         for index, section in enumerate(elf.iter_sections())

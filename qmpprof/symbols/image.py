@@ -4,28 +4,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
-from qmpprof.errors import BadElf
 from qmpprof.memory import WindowMemory
 from qmpprof.model import MemoryWindow
+from qmpprof.symbols.elf_file import open_elf
 
 _SHF_EXECINSTR = 0x4
 
 
 def load_code(path: str | Path) -> WindowMemory:
     """The executable sections of the ELF at `path`, at their link addresses. Raises BadElf."""
-    try:
-        with Path(path).open("rb") as stream:
-            return WindowMemory(_code_sections(ELFFile(stream)))
-    except OSError as err:
-        raise BadElf(str(path), err.strerror or str(err)) from err
-    except ELFError as err:
-        raise BadElf(str(path), f"not a readable ELF file ({err})") from err
+    with open_elf(Path(path)) as elf:
+        return WindowMemory(code_sections(elf))
 
 
-def _code_sections(elf: ELFFile) -> list[MemoryWindow]:
+def code_sections(elf: ELFFile) -> list[MemoryWindow]:
+    """The executable sections' bytes of an ELF file opened by `open_elf`."""
     return [
         MemoryWindow(section["sh_addr"], section.data())
         for section in elf.iter_sections()
