@@ -12,26 +12,30 @@ import re
 from qmpprof.errors import RegisterParseError
 from qmpprof.model import RegisterSet
 
-_CPU_HEADER = re.compile(r"CPU#(\d+)[ \t\r]*(?:\n|$)")
-_ASSIGNMENT = re.compile(r"([A-Z][A-Z0-9]*) *= *([0-9a-fA-F]+)\b")
-_SEGMENT = re.compile(r"^CS\s*=([0-9a-f]+) ([0-9a-f]+) ([0-9a-f]+) ([0-9a-f]+)", re.MULTILINE)
+# Every repetition in these patterns has an upper bound (and is possessive where
+# giving back characters cannot help): one match attempt then reads at most a fixed
+# number of characters, so a scan of n characters costs O(n) whatever the text is.
+# An unbounded `[A-Z0-9]*` retried at every position of a 32 KB run of capitals took
+# 10 s. tests/unit/test_registers.py checks the bounds.
+_HEX = "[0-9a-f]{1,16}+"
+_CPU_HEADER = re.compile(r"CPU#(\d{1,6}+)[ \t\r]{0,16}+(?:\n|$)")
+_ASSIGNMENT = re.compile(r"\b([A-Z][A-Z0-9]{0,15}+) {0,4}+= {0,4}+([0-9a-fA-F]{1,64}+)\b")
+_SEGMENT = re.compile(rf"^CS[ \t]{{0,4}}+=({_HEX}) ({_HEX}) ({_HEX}) ({_HEX})", re.MULTILINE)
 
 
 def _layout(names: tuple[str, ...], flags: str) -> re.Pattern[str]:
     """QEMU's dump of the general registers in its fixed order (target/i386/cpu-dump.c),
     through the flags line: one match instead of a scan for every NAME=value."""
-    registers = "".join(rf"{name} *=(?P<{name}>[0-9a-f]+)\s+" for name in names)
-    status = r" \[[^\]\n]*\] CPL=(?P<CPL>\d+)[^\n]* HLT=(?P<HLT>\d)"
-    return re.compile(rf"{registers}{flags}=(?P<{flags}>[0-9a-f]+){status}")
+    registers = "".join(rf"{name} {{0,2}}+=(?P<{name}>{_HEX})\s{{1,8}}+" for name in names)
+    status = r" \[[^\]\n]{0,16}+\] CPL=(?P<CPL>\d{1,2}+)[^\n]{0,64} HLT=(?P<HLT>\d)"
+    return re.compile(rf"{registers}{flags}=(?P<{flags}>{_HEX}){status}")
 
 
 _LONG_GENERAL = ("RAX", "RBX", "RCX", "RDX", "RSI", "RDI", "RBP", "RSP")
 _LONG_MODE = _layout((*_LONG_GENERAL, *(f"R{n}" for n in range(8, 16)), "RIP"), "RFL")
 _LEGACY_MODE = _layout(("EAX", "EBX", "ECX", "EDX", "ESI", "EDI", "EBP", "ESP", "EIP"), "EFL")
-_CONTROL = re.compile(
-    r"CR0=(?P<CR0>[0-9a-f]+) CR2=[0-9a-f]+ CR3=(?P<CR3>[0-9a-f]+) CR4=(?P<CR4>[0-9a-f]+)"
-)
-_EFER = re.compile(r"EFER=(?P<EFER>[0-9a-f]+)")
+_CONTROL = re.compile(rf"CR0=(?P<CR0>{_HEX}) CR2={_HEX} CR3=(?P<CR3>{_HEX}) CR4=(?P<CR4>{_HEX})")
+_EFER = re.compile(rf"EFER=(?P<EFER>{_HEX})")
 
 _GENERAL = {
     "RAX": "rax",
