@@ -109,3 +109,64 @@ def test_damaged_dumps_parse_or_raise_parse_error(
     except RegisterParseError:
         return
     assert all(cpu.bits in (16, 32, 64) for cpu in cpus)
+
+
+def repetition_bounds(pattern: re.Pattern[str]) -> list[int]:
+    """The upper bound of every repetition in `pattern` (MAXREPEAT for `*`, `+`, `{n,}`),
+    read from the parse tree the re module compiles it from."""
+    from re import _constants, _parser
+
+    repeats = (_constants.MAX_REPEAT, _constants.MIN_REPEAT, _constants.POSSESSIVE_REPEAT)
+    bounds = []
+    pending: list[object] = [_parser.parse(pattern.pattern, pattern.flags)]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, _parser.SubPattern):
+            for op, value in node:
+                if op in repeats:
+                    bounds.append(value[1])
+                pending.append(value)
+        elif isinstance(node, (list, tuple)):
+            pending.extend(node)
+    return bounds
+
+
+def test_every_register_pattern_reads_a_bounded_number_of_characters_per_attempt() -> None:
+    """Linear parsing, argued from structure rather than timed: with every repetition
+    bounded, one match attempt reads a fixed number of characters at most, so a search
+    over n characters does O(n) work. An unbounded `[A-Z0-9]*` in the fallback scan
+    took 10 s on 32 KB of capitals (each position rescanned the rest of the run)."""
+    from re import _constants
+
+    patterns = {n: v for n, v in vars(registers).items() if isinstance(v, re.Pattern)}
+    assert {"_ASSIGNMENT", "_LONG_MODE", "_LEGACY_MODE", "_SEGMENT"} <= patterns.keys()
+    for name, pattern in patterns.items():
+        bounds = repetition_bounds(pattern)
+        assert bounds, name
+        assert _constants.MAXREPEAT not in bounds, f"{name} has an unbounded repetition"
+        assert max(bounds) <= 64, name
+
+
+def test_the_bound_check_sees_an_unbounded_repetition() -> None:
+    from re import _constants
+
+    assert _constants.MAXREPEAT in repetition_bounds(re.compile(r"\b(?:[A-Z]{1,4}|x+)="))
+    assert _constants.MAXREPEAT not in repetition_bounds(re.compile(r"\b(?:[A-Z]{1,4}|x?)="))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "A" * 1_000_000,  # the fuzz find: a run of capitals with no '='
+        "RAX=0 " * 200_000,
+        "RAX=0 RBX=0 RCX=0 RDX=0 RSI=0 RDI=0 RBP=0 RSP=0 R8 =0 R9 =0 R10=0 R11=0 R12=0 "
+        "R13=0 R14=0 R15=0 RIP=0 RFL=0 [---] CPL=" + "0" * 1_000_000,
+        "CS " + " " * 1_000_000,
+        "\nCS =" + "0" * 1_000_000,
+        "A=" + "f" * 1_000_000,
+    ],
+    ids=["capitals", "assignments", "cpl-digits", "cs-spaces", "cs-digits", "long-value"],
+)
+def test_a_megabyte_of_unexpected_text_is_refused_in_one_pass(body: str) -> None:
+    with pytest.raises(RegisterParseError):
+        parse_all("CPU#0\n" + body)
