@@ -6,9 +6,21 @@ from pathlib import Path
 import pytest
 
 from qmpprof.errors import BadElf
+from qmpprof.guest.example import ExampleGuestAdapter
 from qmpprof.model import FrameAddress, FrameKind
+from qmpprof.modules import load_module
 from qmpprof.symbols.elf import load_symbols
 from qmpprof.symbols.symbolizer import Symbolizer
+from tests.fuzz.elf_edit import (
+    E_MACHINE,
+    E_SHOFF,
+    EM_AARCH64,
+    SHT_NOBITS,
+    section,
+    with_field,
+    with_section_field,
+)
+from tests.unit.conftest import build_elf
 
 
 def nm_functions(path: Path) -> dict[str, tuple[int, int]]:
@@ -62,3 +74,105 @@ def test_a_missing_file_is_a_bad_elf(tmp_path: Path) -> None:
 def test_no_symbol_claims_addresses_beyond_its_section(symbols_elf: Path) -> None:
     table = load_symbols(symbols_elf)
     assert table.lookup(0xFFFFFFFF80100000) is None
+
+
+def test_a_32_bit_x86_elf_is_read(tmp_path: Path) -> None:
+    elf = build_elf(
+        "symbols.c", tmp_path, "-m32", "-nostdlib", "-static", "-O1",
+        "-Wl,--defsym=puts=leaf", "-Wl,-e,main",
+    )  # fmt: skip
+    module = load_module(elf)
+    functions = nm_functions(elf)
+    assert {"leaf", "middle", "main"} <= functions.keys()
+    for name in ("leaf", "middle", "main"):
+        symbol = module.symbols.find(name)
+        assert symbol is not None and (symbol.address, symbol.size) == functions[name]
+
+
+def test_an_aarch64_elf_is_refused_in_one_line(symbols_elf: Path, tmp_path: Path) -> None:
+    arm = tmp_path / "arm.elf"
+    arm.write_bytes(with_field(symbols_elf.read_bytes(), E_MACHINE, "<H", EM_AARCH64))
+    assert (
+        "AArch64"
+        in subprocess.run(["readelf", "-h", str(arm)], capture_output=True, text=True).stdout
+    )
+    with pytest.raises(
+        BadElf, match=r"built for AARCH64 \(EM_AARCH64\): qmpprof profiles x86"
+    ) as error:
+        load_module(arm)
+    assert "\n" not in str(error.value)
+    assert ExampleGuestAdapter.from_kernel(arm) is None
+
+
+#: (section, header field, value, what BadElf says): damage pyelftools would have
+#: turned into a MemoryError, a ZeroDivisionError or an OverflowError.
+DAMAGE = [
+    (".text", "sh_size", 1 << 50, "section .* lies outside the file"),
+    (".text", "sh_offset", 1 << 63, "section .* lies outside the file"),
+    (".symtab", "sh_entsize", 0, "entries of 0 bytes|entry size of section '.symtab'"),
+    (".shstrtab", "sh_offset", (1 << 64) - 8, "lies outside the file|not a readable ELF"),
+    (".debug_info", "sh_type", SHT_NOBITS, None),  # its size fits the file: loads
+    (".text", "sh_type", SHT_NOBITS, None),  # no .text bytes, no code: loads
+]
+
+
+@pytest.mark.parametrize("name, field, value, message", DAMAGE)
+def test_damaged_section_headers_give_one_line_or_a_module(
+    symbols_elf: Path, tmp_path: Path, name: str, field: str, value: int, message: str | None
+) -> None:
+    damaged = tmp_path / "damaged.elf"
+    damaged.write_bytes(with_section_field(symbols_elf.read_bytes(), name, field, value))
+    if message is None:
+        load_module(damaged)
+        return
+    with pytest.raises(BadElf, match=message) as error:
+        load_module(damaged)
+    assert "\n" not in str(error.value)
+
+
+def test_a_nobits_debug_section_larger_than_the_file_is_refused(
+    symbols_elf: Path, tmp_path: Path
+) -> None:
+    """pyelftools would make 2**50 zero bytes of it when DWARF is read."""
+    data = with_section_field(symbols_elf.read_bytes(), ".debug_info", "sh_type", SHT_NOBITS)
+    damaged = tmp_path / "damaged.elf"
+    damaged.write_bytes(with_section_field(data, ".debug_info", "sh_size", 1 << 50))
+    with pytest.raises(BadElf, match="claims 1125899906842624 bytes without storing them"):
+        load_module(damaged)
+
+
+def test_a_section_table_past_the_end_of_the_file_is_refused(
+    symbols_elf: Path, tmp_path: Path
+) -> None:
+    damaged = tmp_path / "damaged.elf"
+    data = symbols_elf.read_bytes()
+    damaged.write_bytes(with_field(data, E_SHOFF, "<Q", len(data) - 64))
+    with pytest.raises(BadElf, match="section header table does not fit"):
+        load_module(damaged)
+
+
+def test_sections_claiming_more_than_the_file_are_refused(
+    symbols_elf: Path, tmp_path: Path
+) -> None:
+    """Every section may lie inside the file and still claim it many times over
+    (65,535 headers each naming all of it): the bytes read are bounded by the file."""
+    data = symbols_elf.read_bytes()
+    text = section(data, ".text")
+    for other in (".rodata", ".data"):
+        data = with_section_field(data, other, "sh_offset", text.offset)
+        data = with_section_field(data, other, "sh_size", len(data) - text.offset)
+    damaged = tmp_path / "damaged.elf"
+    damaged.write_bytes(data)
+    with pytest.raises(BadElf, match=r"its sections claim \d+ bytes, more than the file's"):
+        load_module(damaged)
+
+
+def test_a_symbol_table_of_odd_sized_entries_is_refused(symbols_elf: Path, tmp_path: Path) -> None:
+    """One entry as large as the whole table divides its size, as pyelftools checks,
+    and would read every symbol from the wrong place."""
+    data = symbols_elf.read_bytes()
+    size = section(data, ".symtab").size
+    damaged = tmp_path / "damaged.elf"
+    damaged.write_bytes(with_section_field(data, ".symtab", "sh_entsize", size))
+    with pytest.raises(BadElf, match=f"section [0-9]+ \\(.symtab\\) has entries of {size} bytes"):
+        load_module(damaged)
