@@ -79,3 +79,7 @@ class ResumeFailed(QmpprofError):
 
 class MonitorStuck(QmpprofError):
     """QEMU's monitor stopped answering us: the VM was resumed on a new connection."""
+
+
+class BadCapture(QmpprofError):
+    """A capture file that is missing, not a qmpcap, or damaged before its first sample."""

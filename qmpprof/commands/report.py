@@ -7,13 +7,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from qmpprof.commands.collect import Collector, check_writable
+from qmpprof.commands.collect import Collector, check_writable, raise_for_failures, show_written
 from qmpprof.commands.common import TargetOptions, build_analyzer
 from qmpprof.errors import UsageError
 from qmpprof.output.summary import render_profile
 from qmpprof.output.writers import Format
 from qmpprof.profile import Profile, Scope
-from qmpprof.record.capfile import read_capture
+from qmpprof.record.capfile import Capture, CapturedSample, read_capture
 
 
 @dataclass(frozen=True)
@@ -26,26 +26,48 @@ class ReportOptions:
     reunwind: bool = False
 
 
-def run_report(options: ReportOptions, out: Console) -> None:
-    """Re-symbolize (or, with --reunwind, unwind again) a capture and write an output.
+def run_report(options: ReportOptions, out: Console, err: Console | None = None) -> None:
+    """Re-symbolize (or, with --reunwind, unwind again) a capture and write the outputs.
 
-    The kernel recorded in the capture is used when --kernel is not given and it
-    still exists. Raises QmpprofError (BadCapture, BadElf, UsageError).
+    A damaged capture is read up to its last intact record, and one warning line on
+    `err` (default: stderr) says what was dropped. The kernel recorded in the capture is
+    used when --kernel is not given and it still exists. Raises QmpprofError
+    (BadCapture, BadElf, UsageError, OutputError).
     """
     if any(fmt is Format.QMPCAP for _, fmt in options.outputs):
         raise UsageError("report writes profiles; the capture file is its input")
     check_writable([path for path, _ in options.outputs])
-    recording, captured = read_capture(options.capture)
+    with read_capture(options.capture) as capture:
+        collector = _replay(options, capture)
+    if capture.damage is not None:
+        warn = err or Console(stderr=True, highlight=False)
+        warn.print(f"warning: {capture.damage}", soft_wrap=True, markup=False)
+    written = collector.write_outputs(options.outputs, capture.recording)
+    show_written(written, out)
+    render_profile(collector.profile, out)
+    raise_for_failures(written)
+
+
+def _replay(options: ReportOptions, capture: Capture) -> Collector:
     target = options.target
-    if target.kernel is None and recording.kernel and Path(recording.kernel).exists():
-        target = TargetOptions(**{**target.__dict__, "kernel": Path(recording.kernel)})
+    kernel = capture.recording.kernel
+    if target.kernel is None and kernel and Path(kernel).exists():
+        target = TargetOptions(**{**target.__dict__, "kernel": Path(kernel)})
     analyzer = build_analyzer(target)
     collector = Collector(analyzer, Profile(options.include_idle, options.scope))
-    for entry in captured:
-        if options.reunwind and entry.raw.windows:
+    for entry in capture.samples():
+        _add(collector, entry, options.reunwind)
+    return collector
+
+
+def _add(collector: Collector, entry: CapturedSample, reunwind: bool) -> None:
+    """Add one replayed sample; one the analysis fails on is counted, as when recording."""
+    analyzer = collector.analyzer
+    try:
+        if reunwind and entry.raw.windows:
             collector.add(analyzer.analyze(entry.raw))
         else:
             collector.add(analyzer.symbolize(entry.raw, entry.stack, entry.process))
-    for path, fmt in options.outputs:
-        collector.write(fmt, recording, path, out)
-    render_profile(collector.profile, out)
+    except Exception as error:  # a capture is input: one odd sample must not lose the rest
+        collector.profile.unanalysed += 1
+        collector.profile.last_error = f"{type(error).__name__}: {error}"

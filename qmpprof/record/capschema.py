@@ -1,0 +1,348 @@
+"""The records of a `.qmpcap` capture file, each one JSON line: encoded, and decoded with
+every field checked, since a capture file is input like any other and may be damaged.
+
+A record that does not check raises BadRecord, whose message names the field (never its
+value: it may hold guest-controlled text).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any, TypeVar
+
+from qmpprof.model import (
+    FrameAddress,
+    FrameKind,
+    MemoryWindow,
+    Process,
+    RawSample,
+    Recording,
+    Recovery,
+    RegisterSet,
+    StopReason,
+    UnwoundStack,
+)
+
+FORMAT = "qmpcap"
+#: 2: a closing record ends a capture that was closed (version 1 had none).
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
+
+#: The longest record line the reader accepts, and the writer writes. A record is at
+#: most a few kilobytes without memory; with --capture-memory its windows fit in this
+#: (the writer leaves them out of a record that would not).
+MAX_RECORD_BYTES = 4 * 1024 * 1024
+#: Deepest stack a record holds (the unwinder's own default is 128).
+MAX_FRAMES = 65536
+#: Memory windows per record: the stack and a few more (record/capture.py reads up to 4).
+MAX_WINDOWS = 16
+#: JSON arrays and objects in one record line: its frames and windows, and a few more.
+#: Counted before parsing, so that a line of `[[[],[],...]]` never becomes millions of lists.
+MAX_CONTAINERS = MAX_FRAMES + MAX_WINDOWS + 16
+#: Named general registers in a record (x86-64 has 18).
+MAX_REGISTERS = 64
+#: Real recordings start after 1970 and before 2286, last less than 30 years, and sample
+#: at a period between a microsecond and an hour; outputs multiply these by 1e9.
+MAX_TIME_S = 1e10
+MAX_DURATION_S = 1e9
+PERIOD_RANGE_S = (1e-6, 3600.0)
+
+U64 = (1 << 64) - 1
+
+
+class BadRecord(Exception):
+    """A header or sample record that is not what the writer writes."""
+
+
+@dataclass(frozen=True)
+class CapturedSample:
+    """One vCPU sample as a capture file keeps it."""
+
+    raw: RawSample
+    stack: UnwoundStack
+    process: Process | None
+
+
+def encode_header(recording: Recording) -> bytes:
+    return _line({"format": FORMAT, "version": VERSION, "recording": asdict(recording)})
+
+
+def encode_end(samples: int) -> bytes:
+    """The closing record: the file was closed, not cut short, and holds `samples`."""
+    return _line({"end": {"samples": samples}})
+
+
+def encode_sample(sample: CapturedSample, keep_memory: bool) -> bytes:
+    """The sample's record line; without its memory windows when they would not fit."""
+    record = _sample_record(sample)
+    if keep_memory and sample.raw.windows:
+        record["windows"] = [[w.base, w.data.hex()] for w in sample.raw.windows[:MAX_WINDOWS]]
+        line = _line(record)
+        if len(line) <= MAX_RECORD_BYTES:
+            return line
+        del record["windows"]
+    return _line(record)
+
+
+def _sample_record(sample: CapturedSample) -> dict[str, Any]:
+    # Spelled out: dataclasses.asdict's deep copy was most of the cost of a sample.
+    raw, regs, stack = sample.raw, sample.raw.registers, sample.stack
+    frames, stop = stack.frames, stack.stop
+    if len(frames) > MAX_FRAMES:
+        frames, stop = frames[:MAX_FRAMES], StopReason.MAX_DEPTH
+    process = sample.process
+    return {
+        "t": raw.time,
+        "regs": {
+            "vcpu": regs.vcpu,
+            "general": dict(regs.general),
+            "cs": regs.cs,
+            "cpl": regs.cpl,
+            "halted": regs.halted,
+            "bits": regs.bits,
+            "cr0": regs.cr0,
+            "cr3": regs.cr3,
+            "cr4": regs.cr4,
+            "efer": regs.efer,
+        },
+        "user_module": raw.user_module,
+        "error": raw.error,
+        "frames": [[f.address, f.kind.value, f.how.value] for f in frames],
+        "stop": stop.value,
+        "fault": stack.fault_address,
+        "process": None if process is None else {"pid": process.pid, "name": process.name},
+    }
+
+
+def _line(record: dict[str, Any]) -> bytes:
+    return (json.dumps(record, separators=(",", ":")) + "\n").encode()
+
+
+def parse_line(line: bytes) -> Any:
+    """The JSON value of one record line. Raises BadRecord."""
+    if line.count(b"[") + line.count(b"{") > MAX_CONTAINERS:
+        raise BadRecord("too many nested values")
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
+        raise BadRecord("not JSON") from err
+
+
+def decode_header(header: Any) -> tuple[Recording, int]:
+    """The recording a capture's header line describes, and the file's version.
+
+    Raises BadRecord."""
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise BadRecord("not a qmpcap header")
+    version = header.get("version")
+    if type(version) is not int or version not in READABLE_VERSIONS:
+        raise BadRecord("a qmpcap version this qmpprof does not read")
+    fields = _Fields(header, "")
+    return _recording(fields.get("recording", _dict)), version
+
+
+def _recording(recording: dict[str, Any]) -> Recording:
+    fields = _Fields(recording, "recording.")
+    return Recording(
+        started=fields.get("started", _number_within(0.0, MAX_TIME_S)),
+        duration_s=fields.get("duration_s", _number_within(0.0, MAX_DURATION_S)),
+        period_s=fields.get("period_s", _number_within(*PERIOD_RANGE_S)),
+        qmp_socket=fields.get("qmp_socket", _str, ""),
+        kernel=fields.get("kernel", _optional(_str), None),
+        command_line=fields.get("command_line", _str, ""),
+    )
+
+
+def decode_end(record: Any) -> int | None:
+    """The sample count of a closing record; None for any other record. Raises BadRecord."""
+    if not isinstance(record, dict) or "end" not in record:
+        return None
+    fields = _Fields(_dict(record["end"]), "end.")
+    return fields.get("samples", _int_within(0, 1 << 62))
+
+
+def decode_sample(record: Any) -> CapturedSample:
+    """The sample a record line holds. Raises BadRecord."""
+    fields = _Fields(_dict(record), "")
+    raw = RawSample(
+        time=fields.get("t", _number_within(0.0, MAX_TIME_S)),
+        registers=_registers(fields.get("regs", _dict)),
+        windows=fields.get("windows", _windows, ()),
+        user_module=fields.get("user_module", _optional(_str), None),
+        error=fields.get("error", _optional(_str), None),
+    )
+    stack = UnwoundStack(
+        frames=fields.get("frames", _frames),
+        stop=fields.get("stop", _enum(StopReason)),
+        fault_address=fields.get("fault", _optional(_u64), None),
+    )
+    return CapturedSample(raw, stack, fields.get("process", _optional(_process)))
+
+
+def _registers(regs: dict[str, Any]) -> RegisterSet:
+    fields = _Fields(regs, "regs.")
+    return RegisterSet(
+        vcpu=fields.get("vcpu", _int_within(0, 1 << 16)),
+        general=fields.get("general", _general),
+        cs=fields.get("cs", _int_within(0, 0xFFFF)),
+        cpl=fields.get("cpl", _int_within(0, 3)),
+        halted=fields.get("halted", _bool),
+        bits=fields.get("bits", _one_of(16, 32, 64)),
+        cr0=fields.get("cr0", _u64, 0),
+        cr3=fields.get("cr3", _u64, 0),
+        cr4=fields.get("cr4", _u64, 0),
+        efer=fields.get("efer", _u64, 0),
+    )
+
+
+def _general(value: Any) -> dict[str, int]:
+    general = _dict(value)
+    if len(general) > MAX_REGISTERS:
+        raise ValueError("has too many registers")
+    missing = {"rip", "rsp", "rbp"} - general.keys()
+    if missing:
+        raise ValueError(f"lacks {', '.join(sorted(missing))}")
+    return {name: _u64(number) for name, number in general.items()}
+
+
+def _frames(value: Any) -> tuple[FrameAddress, ...]:
+    frames = _list(value, MAX_FRAMES)
+    if not frames:
+        raise ValueError("is empty")
+    return tuple(_frame(frame) for frame in frames)
+
+
+def _frame(value: Any) -> FrameAddress:
+    address, kind, how = _tuple(value, 3)
+    return FrameAddress(_u64(address), _enum(FrameKind)(kind), _enum(Recovery)(how))
+
+
+def _windows(value: Any) -> tuple[MemoryWindow, ...]:
+    return tuple(_window(window) for window in _list(value, MAX_WINDOWS))
+
+
+def _window(value: Any) -> MemoryWindow:
+    base, text = _tuple(value, 2)
+    data = bytes.fromhex(_str(text))
+    if _u64(base) + len(data) > U64 + 1:
+        raise ValueError("runs past the end of the address space")
+    return MemoryWindow(base, data)
+
+
+def _process(value: Any) -> Process:
+    fields = _Fields(_dict(value), "process.")
+    return Process(
+        pid=fields.get("pid", _optional(_int_within(-(1 << 63), U64))),
+        name=fields.get("name", _str),
+    )
+
+
+T = TypeVar("T")
+E = TypeVar("E", bound=Enum)
+_NO_DEFAULT: Any = object()
+
+
+class _Fields:
+    """Reads the fields of one JSON object, naming the field when one is wrong."""
+
+    def __init__(self, record: dict[str, Any], prefix: str) -> None:
+        self._record = record
+        self._prefix = prefix
+
+    def get(self, name: str, check: Callable[[Any], T], default: T = _NO_DEFAULT) -> T:
+        if name not in self._record:
+            if default is _NO_DEFAULT:
+                raise BadRecord(f"field '{self._prefix}{name}' is missing")
+            return default
+        try:
+            return check(self._record[name])
+        except (ValueError, TypeError) as err:
+            raise BadRecord(f"field '{self._prefix}{name}' {err}") from err
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError("is not an object")
+    return value
+
+
+def _list(value: Any, longest: int) -> list[Any]:
+    if not isinstance(value, list):
+        raise TypeError("is not a list")
+    if len(value) > longest:
+        raise ValueError(f"has more than {longest} entries")
+    return value
+
+
+def _tuple(value: Any, length: int) -> list[Any]:
+    if not isinstance(value, list) or len(value) != length:
+        raise TypeError(f"has an entry that is not a list of {length}")
+    return value
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError("is not a string")
+    return value
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError("is not true or false")
+    return value
+
+
+def _int_within(low: int, high: int) -> Callable[[Any], int]:
+    def check(value: Any) -> int:
+        if type(value) is not int:
+            raise TypeError("is not an integer")
+        if not low <= value <= high:
+            raise ValueError(f"is outside {low}..{high}")
+        return value
+
+    return check
+
+
+_u64 = _int_within(0, U64)
+
+
+def _number_within(low: float, high: float) -> Callable[[Any], float]:
+    def check(value: Any) -> float:
+        if type(value) not in (int, float):
+            raise TypeError("is not a number")
+        if not low <= value <= high:  # also refuses NaN and infinities
+            raise ValueError(f"is outside {low:g}..{high:g}")
+        return float(value)
+
+    return check
+
+
+def _one_of(*choices: int) -> Callable[[Any], int]:
+    def check(value: Any) -> int:
+        if type(value) is not int or value not in choices:
+            raise ValueError(f"is not one of {', '.join(map(str, choices))}")
+        return value
+
+    return check
+
+
+def _enum(kind: type[E]) -> Callable[[Any], E]:
+    def check(value: Any) -> E:
+        if not isinstance(value, str):
+            raise TypeError("is not a string")
+        try:
+            return kind(value)
+        except ValueError:
+            raise ValueError(f"is not a known {kind.__name__}") from None
+
+    return check
+
+
+def _optional(check: Callable[[Any], T]) -> Callable[[Any], T | None]:
+    def optional(value: Any) -> T | None:
+        return None if value is None else check(value)
+
+    return optional
