@@ -34,14 +34,14 @@ def paused_by_us(events: Sequence[RunEvent] | None, stop_sent_us: int | None) ->
     read since the VM was last seen running (before it was sent), up to now."""
     if events is None or stop_sent_us is None:
         return False  # never sent, or more events than kept: not ours to resume
-    first_after = next(
-        (i for i, e in enumerate(events) if e.stamp_us is None or e.stamp_us >= stop_sent_us),
-        len(events),
-    )
-    before, after = events[:first_after], events[first_after:]
-    if before and not before[-1].running:
-        return False  # paused by someone else before ours went: ours changed nothing
-    return len(after) == 1 and not after[0].running
+    after = 0  # how many events, at the end, are stamped no earlier than our stop
+    for event in reversed(events):
+        if event.stamp_us is not None and event.stamp_us < stop_sent_us:
+            if not event.running:
+                return False  # paused by someone else before ours went: ours did nothing
+            break
+        after += 1
+    return after == 1 and not events[-1].running
 
 
 class PauseHold:

@@ -396,7 +396,7 @@ class QmpSession:
         kept = self._protocol.run_events
         if count > len(kept):
             return None
-        return list(kept)[len(kept) - count :] if count else []
+        return [kept[i] for i in range(len(kept) - count, len(kept))]  # count is 1 or 2
 
     def cancel_primed(self) -> None:
         """Cancel a primed command now (QmpSession.prime), so that it can never run."""
