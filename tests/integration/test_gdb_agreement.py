@@ -1,5 +1,8 @@
 """With GDB holding the guest stopped at random points, `qmpprof dump --json` must agree
-with GDB's backtrace frame for frame, and must leave the VM paused.
+with GDB's backtrace frame for frame, inlined calls included (both list them, above
+their caller at the same address), and must leave the VM paused.
+
+The points are drawn from a fixed seed (tests.seeds; QMPPROF_SEED=N draws others).
 
 The fp guest is checked with the default unwinder; the nofp guest (-O2
 -fomit-frame-pointer, only DWARF CFI can unwind it) with the default unwinder and,
@@ -8,6 +11,7 @@ for comparison, with frame pointers alone.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import re
@@ -21,6 +25,7 @@ import pytest
 
 from tests.integration.conftest import Guest, dump_json, running_guest
 from tests.integration.gdb_mi import GdbFrame, GdbMi
+from tests.seeds import seeded
 
 REQUIRED_AGREEMENT = 0.99
 SIGNAL_FRAME = "<signal handler called>"
@@ -32,11 +37,14 @@ class Tally:
     pauses: int = 0
     agreed: int = 0
     in_interrupt: int = 0
+    with_inlined: int = 0
     disagreements: list[tuple[Frames, Frames]] = field(default_factory=list)
 
     def add(self, gdb: list[GdbFrame], ours: Frames) -> None:
         self.pauses += 1
         self.in_interrupt += any(f.function == SIGNAL_FRAME for f in gdb)
+        # an inlined call is listed above its caller, at the same address
+        self.with_inlined += any(a.address == b.address for a, b in itertools.pairwise(gdb))
         if agree(gdb, ours):
             self.agreed += 1
         else:
@@ -49,7 +57,8 @@ class Tally:
     def report(self, label: str) -> str:
         lines = [
             f"{label}: agreement {self.agreement:.1%} of {self.pauses} pauses "
-            f"({self.in_interrupt} inside the timer interrupt)"
+            f"({self.in_interrupt} inside the timer interrupt, "
+            f"{self.with_inlined} with inlined calls)"
         ]
         for gdb, ours in self.disagreements[:3]:
             lines.append(f"  gdb:     {[(hex(a), n) for a, n in gdb]}")
@@ -100,11 +109,9 @@ def pause_randomly(gdb: GdbMi, rng: random.Random) -> list[GdbFrame]:
 
 
 def run_pauses(
-    guest: Guest, gdb: GdbMi, pauses: int, unwinders: tuple[str, ...]
+    guest: Guest, gdb: GdbMi, pauses: int, unwinders: tuple[str, ...], name: str
 ) -> dict[str, Tally]:
-    seed = random.randrange(1 << 32)
-    print(f"\nrandom pauses with seed {seed}")
-    rng = random.Random(seed)
+    rng = seeded(name)
     tallies = {unwind: Tally() for unwind in unwinders}
     for _ in range(pauses):
         expected = pause_randomly(gdb, rng)
@@ -118,7 +125,7 @@ def run_pauses(
 def test_fp_guest_agrees_with_gdb(gdb_guest: tuple[Guest, GdbMi]) -> None:
     guest, gdb = gdb_guest
     pauses = int(os.environ.get("QMPPROF_GDB_PAUSES", "100"))
-    tally = run_pauses(guest, gdb, pauses, ("auto",))["auto"]
+    tally = run_pauses(guest, gdb, pauses, ("auto",), "fp guest")["auto"]
     print(tally.report("fp guest, --unwind auto"))
     assert tally.agreement >= REQUIRED_AGREEMENT
 
@@ -127,7 +134,7 @@ def test_fp_guest_agrees_with_gdb(gdb_guest: tuple[Guest, GdbMi]) -> None:
 def test_nofp_guest_agrees_with_gdb_through_cfi(gdb_guest: tuple[Guest, GdbMi]) -> None:
     guest, gdb = gdb_guest
     pauses = int(os.environ.get("QMPPROF_GDB_PAUSES", "200"))
-    tallies = run_pauses(guest, gdb, pauses, ("auto", "fp"))
+    tallies = run_pauses(guest, gdb, pauses, ("auto", "fp"), "nofp guest")
     print(tallies["auto"].report("nofp guest, --unwind auto (CFI)"))
     print(tallies["fp"].report("nofp guest, --unwind fp (frame pointers alone)"))
     assert tallies["auto"].in_interrupt > 0, "no pause landed in the timer interrupt"
@@ -173,9 +180,7 @@ def test_user_workload_on_two_vcpus_agrees_with_gdb(
 ) -> None:
     guest, gdb = user_gdb_guest
     pauses = int(os.environ.get("QMPPROF_GDB_PAUSES", "200"))
-    seed = random.randrange(1 << 32)
-    print(f"\nrandom pauses with seed {seed}")
-    rng = random.Random(seed)
+    rng = seeded("user workload")
     tallies: dict[str, Tally] = {mode: Tally() for mode in ("user", "kernel", "idle")}
     programs: dict[int, str] = {}
     for _ in range(pauses):
