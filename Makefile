@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 APT_PACKAGES := qemu-system-x86 gdb gcc make binutils python3-venv tmux
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help demo test unit integration bench lint format deps system-deps guest consumers clean
+.PHONY: help demo test unit integration fuzz bench lint format deps system-deps guest consumers clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -25,6 +25,12 @@ unit: deps  ## unit tests only (no QEMU)
 
 integration: deps guest  ## integration tests only (boots the example guest)
 	$(BIN)/pytest -q tests/integration
+
+#: Cases per fuzz test under `make fuzz` (tests that parse a whole file per case run a
+#: tenth of it: tests/fuzz/file_budget.py); the default gives well over 100,000 in all.
+FUZZ_CASES ?= 10000
+fuzz: deps guest  ## every fuzz test (tests/fuzz) with FUZZ_CASES cases each; prints cases/s and failures
+	QMPPROF_FUZZ_CASES=$(FUZZ_CASES) $(BIN)/pytest -q tests/fuzz
 
 ACCEL ?= tcg
 bench: deps guest  ## benchmarks, TCG by default (ACCEL=kvm where KVM works); each ends with JSON

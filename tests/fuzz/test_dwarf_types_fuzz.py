@@ -19,6 +19,7 @@ from qmpprof.memory import WindowMemory
 from qmpprof.model import MemoryWindow, RegisterSet
 from tests.fuzz.budget import cases, counted
 from tests.fuzz.elf_edit import sections
+from tests.fuzz.file_budget import file_cases
 from tests.unit.conftest import build_elf
 
 DWARF = (".debug_info", ".debug_abbrev", ".debug_str", ".debug_line_str", ".symtab")
@@ -42,7 +43,7 @@ def layout_elf(tmp_path_factory: pytest.TempPathFactory) -> Target:
     return Target(elf, out / "damaged.elf")
 
 
-@settings(max_examples=cases(25), suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=file_cases(25), suppress_health_check=[HealthCheck.too_slow])
 @given(
     edits=st.lists(
         st.tuples(st.integers(0, 1 << 20), st.floats(0, 1, exclude_max=True), st.integers(0, 255)),

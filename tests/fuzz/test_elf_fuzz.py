@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 from qmpprof.errors import BadElf, MemoryFault
 from qmpprof.guest.example import ExampleGuestAdapter
 from qmpprof.modules import Module, load_module
-from tests.fuzz.budget import cases, counted
+from tests.fuzz.budget import counted
 from tests.fuzz.elf_edit import sections
+from tests.fuzz.file_budget import file_cases
 from tests.unit.conftest import build_elf
 
 KERNEL = Path(__file__).parents[2] / "examples/guest/build/nofp/kernel.elf"
@@ -106,7 +107,7 @@ def targeted(target: Target) -> st.SearchStrategy[list[tuple[int, int]]]:
     )
 
 
-@settings(max_examples=cases(25), suppress_health_check=SLOW)
+@settings(max_examples=file_cases(25), suppress_health_check=SLOW)
 @given(edits=anywhere)
 @counted
 def test_elf_mutated_anywhere(gcc_elf: Target, edits: list[tuple[int, int]]) -> None:
@@ -115,7 +116,7 @@ def test_elf_mutated_anywhere(gcc_elf: Target, edits: list[tuple[int, int]]) -> 
         use(module)
 
 
-@settings(max_examples=cases(25), suppress_health_check=SLOW)
+@settings(max_examples=file_cases(25), suppress_health_check=SLOW)
 @given(data=st.data())
 @counted
 def test_elf_single_byte_in_headers_and_tables(gcc_elf: Target, data: st.DataObject) -> None:
@@ -124,7 +125,7 @@ def test_elf_single_byte_in_headers_and_tables(gcc_elf: Target, data: st.DataObj
         use(module)
 
 
-@settings(max_examples=cases(15), suppress_health_check=SLOW)
+@settings(max_examples=file_cases(10), suppress_health_check=SLOW)
 @given(data=st.data())
 @counted
 def test_kernel_single_byte_in_headers_and_tables(kernel: Target, data: st.DataObject) -> None:
@@ -133,7 +134,7 @@ def test_kernel_single_byte_in_headers_and_tables(kernel: Target, data: st.DataO
         use(module)
 
 
-@settings(max_examples=cases(15), suppress_health_check=SLOW)
+@settings(max_examples=file_cases(10), suppress_health_check=SLOW)
 @given(edits=anywhere)
 @counted
 def test_kernel_mutated_anywhere(kernel: Target, edits: list[tuple[int, int]]) -> None:
