@@ -4,8 +4,9 @@ A capture may end early (the recording was killed, the disk filled), be damaged 
 block), or be crafted. The reader walks its gzip members one by one, checks every
 record (record/capschema.py), and gives out a member's records only once the member's
 CRC-32 has checked: a damaged member costs its own records, never a wrong sample. The
-records of a member cut short by the end of the file are kept: they are what was
-written. What was dropped, and why, is one line in `Capture.damage`.
+complete records of a member cut short by the end of the file are kept unchecked (its
+CRC-32 is lost): they are what was written, unless the same member is also damaged.
+What was dropped, and why, is one line in `Capture.damage`.
 
 Every allocation is bounded: input is read in chunks, decompressed a step at a time,
 a record line is at most MAX_RECORD_BYTES, and the records held until their member's
