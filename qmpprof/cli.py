@@ -27,6 +27,7 @@ from qmpprof.errors import QmpprofError
 from qmpprof.output.writers import Format, infer_format
 from qmpprof.profile import Scope
 from qmpprof.unwind.unwinder import Strategy
+from qmpprof.visible import visible
 
 COMMANDS = ("record", "dump", "report", "top", "resume")
 EXIT_ERROR = 1
@@ -60,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "dump":
             asyncio.run(run_dump(_dump_options(args), out))
         elif args.command == "report":
-            run_report(_report_options(args), out)
+            run_report(_report_options(args), out, err)
         elif args.command == "top":
             asyncio.run(run_top(_top_options(args), out))
         elif args.command == "resume":
@@ -68,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             asyncio.run(run_record(_record_options(args), out, err))
     except QmpprofError as error:
-        _say(f"qmpprof: error: {' '.join(str(error).split())}")
+        _say(f"qmpprof: error: {visible(' '.join(str(error).split()))}")
         return EXIT_ERROR
     except KeyboardInterrupt:
         _say("qmpprof: interrupted")
@@ -304,7 +305,7 @@ def _add_dump_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--lines",
         action="store_true",
-        help="file:line of each frame from DWARF line tables, and inlined calls",
+        help="file:line of each frame from DWARF line tables (inlined calls are always listed)",
     )
 
 
@@ -377,7 +378,7 @@ class _OneLineParser(argparse.ArgumentParser):
     """Usage errors as one line, like every other error, instead of the usage block."""
 
     def error(self, message: str) -> NoReturn:
-        _say(f"qmpprof: error: {' '.join(message.split())} (see {self.prog} --help)")
+        _say(f"qmpprof: error: {visible(' '.join(message.split()))} (see {self.prog} --help)")
         sys.exit(EXIT_USAGE)
 
 

@@ -43,6 +43,17 @@ def build_analyzer(options: TargetOptions) -> Analyzer:
     return Analyzer(kernel, users, _adapter(options.kernel), options.unwind, options.max_depth)
 
 
+def cfi_problems(analyzer: Analyzer, compile_all: bool) -> list[str]:
+    """One line per module with functions whose CFI could not be compiled; `compile_all`
+    checks every function (seconds for a large binary), else only those samples reached."""
+    modules = [analyzer.kernel, *analyzer.users.values()]
+    lines = []
+    for module in modules:
+        if module is not None and (uncompiled := module.cfi.uncompiled(compile_all)):
+            lines.append(f"{module.symbols.name}: {uncompiled.summary()}")
+    return lines
+
+
 def module_paths(analyzer: Analyzer) -> dict[str, Path]:
     """The ELF file of each module, by the name frames carry (the file name)."""
     modules = [analyzer.kernel, *analyzer.users.values()]

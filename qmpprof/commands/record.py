@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.text import Text
 
 from qmpprof.commands.collect import (
     CaptureOutput,
@@ -22,7 +23,7 @@ from qmpprof.commands.collect import (
     raise_for_failures,
     show_written,
 )
-from qmpprof.commands.common import TargetOptions, build_analyzer, connected
+from qmpprof.commands.common import TargetOptions, build_analyzer, cfi_problems, connected
 from qmpprof.errors import KernelMismatch
 from qmpprof.model import RawSample, Recording
 from qmpprof.output.progress import RecordProgress
@@ -31,6 +32,7 @@ from qmpprof.output.writers import Format
 from qmpprof.profile import Profile, Scope
 from qmpprof.record.backlog import Backlog
 from qmpprof.record.sampler import LoopConfig, ProgressSink, RecordStats, sample_loop
+from qmpprof.visible import visible
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,8 @@ def _announce(options: RecordOptions, collector: Collector, memory: str, err: Co
             soft_wrap=True,
             markup=False,
         )
+        for line in cfi_problems(analyzer, compile_all=True):
+            err.print(Text(f"warning: {visible(line)}"), soft_wrap=True)
     err.print(_start_line(options), soft_wrap=True, markup=False)
 
 
@@ -176,7 +180,7 @@ def _finish(
     by SIGHUP may refuse this), then raise for what went wrong."""
     with contextlib.suppress(OSError):
         show_written(written, out)
-        render_summary(collector.profile, stats, out)
+        render_summary(collector.profile, stats, out, cfi_problems(collector.analyzer, False))
     raise_for_failures(written)
     if collector.coverage.mismatched and options.target.kernel is not None:
         raise KernelMismatch(collector.coverage.describe(str(options.target.kernel)))

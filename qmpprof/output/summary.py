@@ -6,6 +6,8 @@ Text, never as markup: it shows literally, control characters spelled out.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -18,9 +20,18 @@ from qmpprof.visible import visible
 SHOWN_FRAMES = 8
 
 
-def render_summary(profile: Profile, stats: RecordStats, console: Console, limit: int = 10) -> None:
-    """Print what was recorded and the `limit` heaviest stacks with percentages."""
+def render_summary(
+    profile: Profile,
+    stats: RecordStats,
+    console: Console,
+    notes: Sequence[str] = (),
+    limit: int = 10,
+) -> None:
+    """Print what was recorded, `notes` (problems worth knowing, one line each) and the
+    `limit` heaviest stacks with percentages."""
     console.print(Text(_counts_line(stats)), soft_wrap=True)
+    for note in notes:
+        console.print(Text(visible(note)), style="yellow", soft_wrap=True)
     if stats.failed and stats.last_error:
         console.print(Text(f"last failure: {visible(stats.last_error)}"), soft_wrap=True)
     if stats.ended_by:
@@ -71,6 +82,8 @@ def _counts_line(stats: RecordStats) -> str:
     )
     if stats.skipped_paused:
         line += f"; {stats.skipped_paused} ticks skipped while the VM was paused by others"
+    if stats.abandoned:
+        line += f"; {stats.abandoned} ticks abandoned over their time budget (VM resumed)"
     return line
 
 

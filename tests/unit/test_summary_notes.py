@@ -1,0 +1,38 @@
+"""The summary says what went wrong around the samples: functions without usable CFI,
+ticks abandoned over their time budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from qmpprof.commands.common import TargetOptions, build_analyzer, cfi_problems
+from qmpprof.output.summary import render_summary
+from qmpprof.profile import Profile
+from qmpprof.record.sampler import RecordStats
+from tests.unit.conftest import build_elf
+from tests.unit.test_cfi_instructions import ASSEMBLE
+
+
+@pytest.fixture(scope="module")
+def broken_elf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_elf("cfi_broken.S", tmp_path_factory.mktemp("summary"), *ASSEMBLE)
+
+
+def test_functions_without_usable_cfi_are_named_per_module(broken_elf: Path) -> None:
+    analyzer = build_analyzer(TargetOptions(qmp_socket="", kernel=broken_elf))
+    assert cfi_problems(analyzer, compile_all=False) == []  # nothing looked up yet
+    (line,) = cfi_problems(analyzer, compile_all=True)
+    assert line.startswith(f"{broken_elf.name}: 2 functions without usable CFI (")
+    assert "unknown CFA instruction 0x3f" in line
+
+
+def test_the_summary_prints_notes_and_abandoned_ticks() -> None:
+    console = Console(record=True, width=200)
+    stats = RecordStats(ticks=10, samples=10, abandoned=2, elapsed_s=1.0)
+    render_summary(Profile(), stats, console, ["k.elf: 1 functions without usable CFI"])
+    text = console.export_text()
+    assert "2 ticks abandoned over their time budget (VM resumed)" in text
+    assert "k.elf: 1 functions without usable CFI" in text
