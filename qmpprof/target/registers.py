@@ -19,7 +19,7 @@ from qmpprof.model import RegisterSet
 # 10 s. tests/unit/test_registers.py checks the bounds.
 _HEX = "[0-9a-f]{1,16}+"
 _CPU_HEADER = re.compile(r"CPU#(\d{1,6}+)[ \t\r]{0,16}+(?:\n|$)")
-_ASSIGNMENT = re.compile(r"\b([A-Z][A-Z0-9]{0,15}+) {0,4}+= {0,4}+([0-9a-fA-F]{1,64}+)\b")
+_ASSIGNMENT = re.compile(r"\b([A-Z][A-Z0-9]{0,15}+) {0,4}+= {0,4}+([0-9a-fA-F]{1,16}+)\b")
 _SEGMENT = re.compile(rf"^CS[ \t]{{0,4}}+=({_HEX}) ({_HEX}) ({_HEX}) ({_HEX})", re.MULTILINE)
 
 
