@@ -64,7 +64,9 @@ def counted_in_outputs(directory: Path) -> dict[str, int]:
     svg = ET.fromstring((directory / "p.svg").read_bytes())
     pprof = decode_message(gzip.decompress((directory / "p.pb.gz").read_bytes()))
     with gzip.open(directory / "p.qmpcap", "rt") as capture:
-        captured = sum(1 for _ in capture) - 1  # the header line
+        records = [json.loads(line) for line in capture]
+    # Neither the header (first) nor the closing record ({"end": ...}) is a sample.
+    captured = sum(1 for record in records[1:] if "end" not in record)
     return {
         "folded": sum(int(count) for _, count in lines),
         "speedscope": sum(len(p["samples"]) for p in speedscope["profiles"]),  # one each

@@ -62,7 +62,7 @@ def test_unknown_process_is_labelled_by_address_space() -> None:
 def test_unknown_frames_are_addresses_and_separators_are_neutralized() -> None:
     profile = Profile()
     profile.add(sample([None, "evil;name\nx"], process=Process(7, "a;b")))
-    assert list(folded_lines(profile)) == [f"a:b (7);evil:name x;{KERNEL:#x} 1"]
+    assert list(folded_lines(profile)) == [f"a:b (7);evil:name\\nx;{KERNEL:#x} 1"]
 
 
 def test_idle_is_counted_but_not_stacked_unless_asked() -> None:
