@@ -30,20 +30,24 @@ X86_MACHINES = ("EM_X86_64", "EM_386")
 
 #: What pyelftools raises on malformed bytes (seen by fuzzing it: its own errors,
 #: construct's, struct's, asserts on DWARF it does not expect, seek() past 2**63,
-#: unsupported forms, unknown abbreviation codes and indexes, and DIE trees nested
-#: deeper than Python recurses).
+#: divisions by a zero it read, attributes of DIEs a damaged tree lacks, unsupported
+#: forms, unknown abbreviation codes and indexes, DIE trees nested deeper than Python
+#: recurses, a stream that ends early).
 ELF_PARSE_ERRORS: tuple[type[Exception], ...] = (
     ELFError,
     DWARFError,
     ConstructError,
     struct.error,
     ValueError,
-    OverflowError,
+    ArithmeticError,
     KeyError,
     IndexError,
+    AttributeError,
+    TypeError,
     AssertionError,
     NotImplementedError,
     RecursionError,
+    EOFError,
 )
 
 #: Inside an open file, OSError too: lseek() refuses some bogus offsets (EINVAL).

@@ -16,35 +16,19 @@ import bisect
 import contextlib
 import mmap
 import os
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from elftools.common.exceptions import DWARFError, ELFError
-from elftools.construct import ConstructError
 from elftools.dwarf.die import DIE
 from elftools.dwarf.dwarfinfo import DebugSectionDescriptor
 from elftools.elf.elffile import ELFFile
 
+from qmpprof.symbols.elf_file import ELF_PARSE_ERRORS
+
 #: What pyelftools raises on malformed input (it has no single error type of its own).
-_MALFORMED = (
-    ELFError,
-    DWARFError,
-    ConstructError,
-    ValueError,
-    KeyError,
-    IndexError,
-    AttributeError,
-    TypeError,
-    AssertionError,
-    struct.error,
-    ArithmeticError,
-    RecursionError,
-    NotImplementedError,
-    EOFError,
-)
+_MALFORMED = ELF_PARSE_ERRORS
 MAX_UNITS = 200_000
 MAX_ENTRIES_PER_UNIT = 2_000_000
 MAX_DEPTH = 256
@@ -218,7 +202,9 @@ def _open_dwarf(path: Path) -> Any:
                 return None
             # Every section is a window on `data` or a copy now: the file can close.
             return elf.get_dwarf_info(follow_links=False)
-    except (OSError, *_MALFORMED):
+    except OSError:
+        return None
+    except _MALFORMED:
         return None
 
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from elftools.elf.elffile import ELFFile
 
-from qmpprof.errors import BadCfi, BadElf
+from qmpprof.errors import BadCfi
+from qmpprof.symbols.elf_file import ELF_PARSE_ERRORS, open_elf
 from qmpprof.unwind import rules as r
 from qmpprof.unwind.cfi_entries import FdeEntry, parse_section
 from qmpprof.unwind.cfi_program import compile_fde
@@ -142,17 +143,11 @@ def load_cfi(path: str | Path) -> CfiTable:
     """The CFI of the ELF at `path` (.eh_frame first, .debug_frame where it adds). Raises BadElf."""
     fdes: list[FdeEntry] = []
     problems: list[str] = []
-    try:
-        with Path(path).open("rb") as stream:
-            elf = ELFFile(stream)
-            for name in (".eh_frame", ".debug_frame"):
-                found = _section_fdes(elf, name, eh_frame=name == ".eh_frame")
-                fdes += found.fdes
-                problems += found.problems
-    except OSError as err:
-        raise BadElf(str(path), err.strerror or str(err)) from err
-    except Exception as err:  # pyelftools raises anything at all on a corrupt ELF header
-        raise BadElf(str(path), f"unreadable ELF file ({type(err).__name__})") from err
+    with open_elf(path) as elf:
+        for name in (".eh_frame", ".debug_frame"):
+            found = _section_fdes(elf, name, eh_frame=name == ".eh_frame")
+            fdes += found.fdes
+            problems += found.problems
     return CfiTable(fdes, problems)
 
 
@@ -169,7 +164,7 @@ def _section_fdes(elf: ELFFile, name: str, eh_frame: bool) -> _Found:
             return _Found([], [])
         data, address = section.data(), section["sh_addr"]
         address_size = elf.elfclass // 8
-    except Exception as err:  # pyelftools raises anything at all on corrupt section headers
+    except ELF_PARSE_ERRORS as err:  # corrupt section headers cost this section only
         return _Found([], [f"{name}: unreadable section ({type(err).__name__})"])
     entries = parse_section(data, address, eh_frame, address_size)
     return _Found(entries.fdes, entries.problems)

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from qmpprof.symbols.elf import load_symbols
 from qmpprof.symbols.lines import SourceLookup
-from tests.fuzz.budget import cases, counted
+from tests.fuzz.budget import counted
+from tests.fuzz.file_budget import file_cases
 from tests.unit.conftest import build_elf
 
 DWARF = (".debug_info", ".debug_abbrev", ".debug_line", ".debug_aranges", ".debug_str")
@@ -65,7 +66,7 @@ def expand_everywhere(path: Path, addresses: list[int]) -> None:
 section_names = st.sampled_from(DWARF)
 
 
-@settings(max_examples=cases(40), suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=file_cases(40), suppress_health_check=[HealthCheck.too_slow])
 @given(
     name=section_names,
     edits=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 255)), max_size=8),
@@ -81,7 +82,7 @@ def test_mutated_dwarf_bytes(target: Target, name: str, edits: list[tuple[float,
     expand_everywhere(target.write(data), target.addresses)
 
 
-@settings(max_examples=cases(20), suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=file_cases(20), suppress_health_check=[HealthCheck.too_slow])
 @given(
     name=section_names,
     field=st.sampled_from(HEADER_FIELDS),
