@@ -102,14 +102,8 @@ class _QmpProtocol(asyncio.BufferedProtocol):
         run state must not be decided on a STOP still sitting in the socket."""
         if self.transport is None or self.transport.is_closing():
             return
-        while self.closed is None and self._poller.poll(0):
-            try:
-                count = os.readv(self._fd, [self._chunk])
-            except OSError:
-                return
-            if not count:
-                return
-            self.buffer_updated(count)
+        while self.closed is None and self._read_once(0):
+            pass
 
     def read_directly(self, future: asyncio.Future[dict[str, Any]], seconds: float) -> None:
         """Read the socket without the event loop until `future` has its reply or
@@ -122,15 +116,22 @@ class _QmpProtocol(asyncio.BufferedProtocol):
         end = time.monotonic() + seconds
         while not future.done() and self.closed is None:
             left_ms = (end - time.monotonic()) * 1000
-            if left_ms <= 0 or not self._poller.poll(left_ms):
+            if left_ms <= 0 or not self._read_once(left_ms):
                 return
-            try:
-                count = os.readv(self._fd, [self._chunk])
-            except OSError:
-                return
-            if not count:
-                return
-            self.buffer_updated(count)
+
+    def _read_once(self, wait_ms: float) -> bool:
+        """One read of what arrives within `wait_ms`, through buffer_updated; False when
+        nothing came, or at an end of file or error (left for the transport to report)."""
+        if not self._poller.poll(wait_ms):
+            return False
+        try:
+            count = os.readv(self._fd, [self._chunk])
+        except OSError:
+            return False
+        if not count:
+            return False
+        self.buffer_updated(count)
+        return True
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._chunk
