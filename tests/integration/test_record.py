@@ -20,7 +20,9 @@ CHAINS = [
     "kernel_entry;kernel_main;workload_loop;run_audio;audio_mix;audio_leaf",
 ]
 ENTRY = "kernel_entry"
-_TICKS = re.compile(r"^(\d+) ticks", re.MULTILINE)
+_ACCOUNTING = re.compile(
+    r"^(\d+) ticks .*; requested (\d+), late \d+, missed (\d+), failed (\d+)", re.MULTILINE
+)
 
 
 def folded(path: Path) -> list[tuple[str, int]]:
@@ -30,9 +32,13 @@ def folded(path: Path) -> list[tuple[str, int]]:
 
 def test_ten_seconds_give_the_documented_chains_in_order(guest: Guest, workdir: Path) -> None:
     out, recorded = record_folded(guest, workdir / "p.folded", 10)
-    ticks = _TICKS.search(out)
-    assert ticks is not None, out
-    assert int(ticks.group(1)) >= 0.9 * 10 * 99
+    # Every slot of the schedule is accounted for (how many ticks a loaded host manages
+    # is bench/'s business, not a test's).
+    counts = _ACCOUNTING.search(out)
+    assert counts is not None, out
+    ticks, requested, missed, failed = map(int, counts.groups())
+    others = sum(int(n) for n in re.findall(r"(\d+) ticks (?:skipped|abandoned)", out))
+    assert ticks > 0 and requested == ticks + missed + failed + others, out
     assert "torn" not in out  # a paused VM's stacks are consistent
     stacks = [(frames[0], ";".join(frames[1:])) for frames, _ in recorded]
     assert [chain for _, chain in stacks[:3]] == CHAINS
