@@ -3,10 +3,11 @@
 A capture may end early (the recording was killed, the disk filled), be damaged (a bad
 block), or be crafted. The reader walks its gzip members one by one, checks every
 record (record/capschema.py), and gives out a member's records only once the member's
-CRC-32 has checked: a damaged member costs its own records, never a wrong sample. The
-complete records of a member cut short by the end of the file are kept unchecked (its
-CRC-32 is lost): they are what was written, unless the same member is also damaged.
-What was dropped, and why, is one line in `Capture.damage`.
+CRC-32 has checked: a damaged member costs its own records, never a wrong sample. A
+member cut short by the end of the file has no CRC-32 left, so its records are dropped
+too (a flipped byte can make a whole member look cut short); only a version-1 capture,
+one single member, is read up to its last complete record. What was dropped, and why,
+is one line in `Capture.damage`.
 
 Every allocation is bounded: input is read in chunks, decompressed a step at a time,
 a record line is at most MAX_RECORD_BYTES, and the records held until their member's
@@ -153,8 +154,13 @@ class Capture:
             yield from self._records(held)
             self.damage = self._check_end()
         except _Broken as broken:
-            untrusted = 0 if broken.cut_short else len(held)
-            if broken.cut_short:  # what was cut short holds what was written
+            # A version-1 capture is one gzip member: cut short, its records were never
+            # checked and are what was written. From version 2 each member is written
+            # whole at once, and a flipped byte can make a whole member look cut short,
+            # so the records of a member without its CRC-32 are never used.
+            trusted = broken.cut_short and self.version < 2
+            untrusted = 0 if trusted else len(held)
+            if trusted:
                 yield from self._give_out(held)
             self.damage = self._describe(broken, untrusted)
         finally:
@@ -239,6 +245,8 @@ class Capture:
                 if broken.partial
                 else "no complete record"
             )
+            if untrusted:
+                dropped += f" and the {untrusted} unchecked records of its incomplete block"
             killed = "(was the recording killed?)"
             return f"{self.path} {broken.reason} {killed}; {read}, dropped {dropped}"
         if broken.bad_record:

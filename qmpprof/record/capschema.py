@@ -160,13 +160,15 @@ def decode_end(record: Any) -> int | None:
     """The sample count of a closing record; None for any other record. Raises BadRecord."""
     if not isinstance(record, dict) or "end" not in record:
         return None
-    fields = _Fields(_dict(record["end"]), "end.")
+    fields = _Fields(_Fields(record, "").get("end", _dict), "end.")
     return fields.get("samples", _int_within(0, 1 << 62))
 
 
 def decode_sample(record: Any) -> CapturedSample:
     """The sample a record line holds. Raises BadRecord."""
-    fields = _Fields(_dict(record), "")
+    if not isinstance(record, dict):
+        raise BadRecord("the record is not an object")
+    fields = _Fields(record, "")
     raw = RawSample(
         time=fields.get("t", _number_within(0.0, MAX_TIME_S)),
         registers=_registers(fields.get("regs", _dict)),

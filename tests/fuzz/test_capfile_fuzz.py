@@ -1,7 +1,7 @@
 """Hostile capture files: a real capture cut, bit-flipped, and its decoded records and
 header changed field by field. The reader raises nothing but BadCapture, and what it
-gives out is what was written, up to the damage (in a member cut short, whose CRC-32
-is missing, only as long as its bytes were not also changed).
+gives out is what was written, up to the damage: never a sample of a member whose
+CRC-32 failed or is missing (cut short), never a wrong one.
 
 The capture is written by CaptureWriter from real pieces (tests/unit/test_capfile.py:
 saved QEMU register dumps, a gcc-built ELF's symbols and bytes); the expected samples
@@ -71,15 +71,13 @@ def test_cut_and_flipped_bytes_give_a_prefix_of_the_samples(
     except BadCapture as error:
         assert "\n" not in str(error)
         return
-    # A CRC-32 per member lets no flip through; but the records of a member cut short
-    # are given out unchecked (they are what was written, unless also damaged).
+    # A CRC-32 per member lets no flip through, and a member cut short (no CRC-32
+    # left) is not used: never a wrong sample, and every whole member before the
+    # first damage is read.
+    assert read == target.samples[: len(read)]
     whole = [end for end in target.member_ends[1:] if end <= length]
-    unchecked_from = whole[-1] if whole else target.member_ends[0]
-    checked = len(whole) * PER_MEMBER
-    trusted = read if all(p < unchecked_from for p in positions) else read[:checked]
-    assert trusted == target.samples[: len(trusted)]
-    if not flips:
-        assert len(read) >= checked
+    undamaged = [end for end in whole if all(p >= end for p in positions)]
+    assert len(read) >= len(undamaged) * PER_MEMBER
     if damage is not None:
         assert "\n" not in damage
 
