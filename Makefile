@@ -71,8 +71,9 @@ $(STAMP): pyproject.toml
 consumers:  ## install the tools that open our outputs in tests (go tool pprof, chromium, speedscope)
 	bash tests/consumers/install.sh
 
-guest:  ## build the example guest OS
+guest:  ## build the example guest OS, both variants (the tests unwind both)
 	$(MAKE) -s -C examples/guest
+	$(MAKE) -s -C examples/guest VARIANT=nofp
 
 clean:  ## remove the venv, demo output and guest builds
 	rm -rf $(VENV) demo examples/guest/build
