@@ -7,6 +7,7 @@ through HMP, and a fresh connection on its socket tells whether the VM was left 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -20,17 +21,23 @@ from tests.integration.watcher import freeze, watching
 
 #: Attempts at killing qmpprof while the VM is paused; each nearly always succeeds.
 ATTEMPTS = 5
+ACCEL = os.environ.get("ACCEL", "tcg")
 
 
 @pytest.fixture
 def watched(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Guest, str]]:
     """A guest with a second QMP monitor to watch it; pause markers in `workdir`."""
+    with watched_guest(workdir, monkeypatch) as booted:
+        yield booted
+
+
+@contextlib.contextmanager
+def watched_guest(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Guest, str]]:
     runtime = workdir / "run"
-    runtime.mkdir(mode=0o700)
+    runtime.mkdir(mode=0o700, exist_ok=True)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
     other = str(workdir / "other.sock")
-    accel = os.environ.get("ACCEL", "tcg")
-    with running_guest(workdir, "--accel", accel, "--extra-qmp", other) as guest:
+    with running_guest(workdir, "--accel", ACCEL, "--extra-qmp", other) as guest:
         yield guest, other
 
 
@@ -106,14 +113,9 @@ def test_a_restarted_qemu_is_never_resumed_for_a_dead_qmpprof(
 ) -> None:
     """The marker names the QEMU it was set for: another QEMU on the same socket path,
     paused by its user, stays paused."""
-    runtime = workdir / "run"
-    runtime.mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
-    other = str(workdir / "other.sock")
-    accel = os.environ.get("ACCEL", "tcg")
-    with running_guest(workdir, "--accel", accel, "--extra-qmp", other) as guest:
+    with watched_guest(workdir, monkeypatch) as (guest, other):
         kill_inside_a_pause(guest, other, tmp_path / "killed.folded")
-    with running_guest(workdir, "--accel", accel) as restarted:
+    with running_guest(workdir, "--accel", ACCEL) as restarted:
         assert restarted.qmp == guest.qmp
         restarted.qmp_call("stop")
         done = run_qmpprof("dump", "--qmp-socket", restarted.qmp, "--kernel", str(guest.kernel))
