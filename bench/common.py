@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 from qmpprof.analysis import Analyzer
-from qmpprof.model import RawSample
+from qmpprof.model import CapturedSample, RawSample
 from qmpprof.modules import load_module
 from qmpprof.record.capture import DEFAULT_STACK_BYTES, CaptureConfig, Capturer
 from qmpprof.record.sampler import LoopConfig, RecordStats, sample_loop
@@ -68,9 +68,9 @@ async def sampling_method(guest: Guest, ram: Path, method: str) -> AsyncIterator
         return
     async with sampling_session(guest, mem_path=ram) as (session, analyzer, capturer):
 
-        def analyse_all(raws: list[RawSample]) -> None:
-            for raw in raws:
-                analyzer.analyze(raw)
+        def analyse_all(captured: list[CapturedSample]) -> None:
+            for one in captured:
+                analyzer.symbolize(one)
 
         async def run(hz: float, seconds: float) -> RecordStats:
             config = LoopConfig(1 / hz, seconds, nonblocking=method == "nonblocking")
@@ -85,7 +85,7 @@ async def capture_samples(guest: Guest, count: int, stack_bytes: int) -> list[Ra
     async with sampling_session(guest, "auto", stack_bytes=stack_bytes) as (session, _, capturer):
         while len(samples) < count:
             async with paused(session):
-                samples += await capturer.capture()
+                samples += [captured.raw for captured in await capturer.capture()]
     return samples
 
 

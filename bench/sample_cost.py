@@ -98,10 +98,10 @@ async def qmpprof_ms(
 
         async def once() -> None:
             capture = paused_capture if mode.startswith("stop") else running_capture
-            raws = await capture(session, capturer, RecordStats()) or []
+            captured = await capture(session, capturer, RecordStats()) or []
             started = time.perf_counter()
-            for raw in raws:
-                analyzer.analyze(raw)
+            for one in captured:
+                analyzer.symbolize(one)
             analysis.append(time.perf_counter() - started)
 
         async def before() -> None:

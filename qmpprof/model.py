@@ -167,6 +167,37 @@ class UnwoundStack:
 
 
 @dataclass(frozen=True)
+class CapturedSample:
+    """One vCPU at one tick as the capture step leaves it: what was read (`raw`), and what
+    was computed from it while reading (its stack and process). Analysis only names the
+    frames; a capture file keeps all three, so `report` need not unwind again."""
+
+    raw: RawSample
+    stack: UnwoundStack
+    process: Process | None
+
+
+class NoUserSymbols(Enum):
+    """Why a user-mode leaf has no name."""
+
+    NO_BINARIES = "no user binaries given (--user-dir / --user)"
+    NO_MATCH = "no given binary matches address space"
+    OUTSIDE = "pc outside the symbols of"
+
+
+@dataclass(frozen=True)
+class Unsymbolized:
+    """Why a user-mode sample's leaf has no name, and what it concerns (an address
+    space, a binary). Counted per distinct value in the summary."""
+
+    why: NoUserSymbols
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.why.value} {self.detail}" if self.detail else self.why.value
+
+
+@dataclass(frozen=True)
 class Frame:
     """A symbolized frame. `function` is None when no symbol covers the address."""
 
@@ -202,7 +233,7 @@ class Sample:
     address_space: int = 0
     process: Process | None = None
     fault_address: int | None = None
-    unsymbolized: str | None = None
+    unsymbolized: Unsymbolized | None = None
     #: A return address on this stack does not follow a call: torn or garbage.
     torn: bool = False
 

@@ -1,4 +1,8 @@
-"""One guest binary (the kernel, or a user program) and everything read from its ELF."""
+"""One guest binary (the kernel, a user program) and everything read from its ELF file.
+
+A Module knows only file addresses: its symbols, CFI and code bytes are looked up at
+the addresses the file gives them. Where it lies in a guest is a `Mapping`'s business
+(qmpprof.address_space): guest address = file address + bias."""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from qmpprof.unwind.cfi import CfiTable, load_cfi
 
 @dataclass(frozen=True)
 class TextSection:
-    """Where a binary's .text lies (link address = guest address) and what it holds."""
+    """Where a binary's .text lies (file address) and what it holds."""
 
     address: int
     size: int
@@ -30,7 +34,7 @@ class TextSection:
 
 @dataclass(frozen=True)
 class Module:
-    """A binary's symbols, CFI and code bytes, loaded once."""
+    """A binary's symbols, CFI and code bytes at file addresses, loaded once."""
 
     name: str
     path: Path
@@ -38,6 +42,11 @@ class Module:
     cfi: CfiTable
     code: WindowMemory
     text: TextSection | None
+    #: The GNU build-id note's bytes, when the file has one: names the exact build.
+    build_id: bytes | None = None
+    #: From its lowest code address to the end of its highest code section (file
+    #: addresses); (0, 0) without code.
+    extent: tuple[int, int] = (0, 0)
 
 
 def load_module(path: str | Path, name: str | None = None) -> Module:
@@ -47,9 +56,13 @@ def load_module(path: str | Path, name: str | None = None) -> Module:
     path = Path(path)
     with open_elf(path) as elf:
         symbols = SymbolTable(path.name, read_code_symbols(elf))
-        code = WindowMemory(code_sections(elf))
+        sections = code_sections(elf)
         text = text_section(elf)
-    return Module(name or path.name, path, symbols, load_cfi(path), code, text)
+        build_id = read_build_id(elf)
+    extent = (min(s.base for s in sections), max(s.end for s in sections)) if sections else (0, 0)
+    cfi = load_cfi(path)
+    code = WindowMemory(sections)
+    return Module(name or path.name, path, symbols, cfi, code, text, build_id, extent)
 
 
 def text_section(elf: ELFFile) -> TextSection | None:
@@ -59,6 +72,31 @@ def text_section(elf: ELFFile) -> TextSection | None:
         return None
     data = section.data()
     return TextSection(section["sh_addr"], len(data), hashlib.sha256(data).hexdigest())
+
+
+#: A build-id is a hash: 16 bytes (md5/uuid) or 20 (sha1) in practice; more is not one.
+MAX_BUILD_ID = 64
+
+
+def read_build_id(elf: ELFFile) -> bytes | None:
+    """The NT_GNU_BUILD_ID note's descriptor, or None (no note, or one too long)."""
+    for section in elf.iter_sections():
+        if section["sh_type"] != "SHT_NOTE":
+            continue
+        for note in section.iter_notes():  # type: ignore[attr-defined]
+            if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
+                return _build_id_bytes(note["n_desc"])
+    return None
+
+
+def _build_id_bytes(desc: object) -> bytes | None:
+    # pyelftools gives a build-id note's descriptor as a hex string.
+    if not isinstance(desc, str) or not 0 < len(desc) <= 2 * MAX_BUILD_ID:
+        return None
+    try:
+        return bytes.fromhex(desc)
+    except ValueError:
+        return None
 
 
 def load_user_modules(directories: list[Path], files: list[Path]) -> dict[str, Module]:

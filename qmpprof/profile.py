@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 
-from qmpprof.model import Frame, Mode, Sample
+from qmpprof.model import Frame, Mode, Sample, Unsymbolized
 
 
 class Scope(Enum):
@@ -58,7 +58,7 @@ class Profile:
     stacks: Counter[tuple[str, ...]] = field(default_factory=Counter)
     modes: Counter[Mode] = field(default_factory=Counter)
     processes: Counter[str] = field(default_factory=Counter)
-    unsymbolized: Counter[str] = field(default_factory=Counter)
+    unsymbolized: Counter[Unsymbolized] = field(default_factory=Counter)
     filtered: int = 0
     torn: int = 0
     #: Samples whose analysis failed (a bug, reported in the summary instead of a crash).

@@ -17,10 +17,10 @@ from rich.console import Console
 
 from qmpprof.analysis import Analyzer
 from qmpprof.errors import OutputError
-from qmpprof.model import RawSample, Recording, Sample
+from qmpprof.model import CapturedSample, Recording, Sample
 from qmpprof.output.writers import Format, temporary_beside, write_profile
 from qmpprof.profile import Profile
-from qmpprof.record.capfile import CapturedSample, CaptureWriter
+from qmpprof.record.capfile import CaptureWriter
 from qmpprof.symbols.coverage import KernelCoverage
 
 
@@ -140,19 +140,16 @@ class Collector:
         self.coverage = KernelCoverage()
         self._captures = list(captures)
 
-    def add_raw(self, raw: RawSample) -> None:
-        """Analyse one raw sample; one that cannot be analysed is counted, not raised."""
+    def add_captured(self, captured: CapturedSample) -> None:
+        """Keep one captured sample in the capture files and symbolize it into the
+        profile; one that cannot be symbolized is counted, not raised."""
+        for capture in self._captures:  # never raises: a failing file only stops itself
+            capture.add(captured)
         try:
-            self._analyse(raw)
+            self.add(self.analyzer.symbolize(captured))
         except Exception as err:  # a bad sample is data: it must not lose the profile
             self.profile.unanalysed += 1
             self.profile.last_error = f"{type(err).__name__}: {err}"
-
-    def _analyse(self, raw: RawSample) -> None:
-        stack, process = self.analyzer.unwound(raw)
-        for capture in self._captures:  # never raises: a failing file only stops itself
-            capture.add(CapturedSample(raw, stack, process))
-        self.add(self.analyzer.symbolize(raw, stack, process))
 
     def add(self, sample: Sample) -> None:
         self.profile.add(sample)

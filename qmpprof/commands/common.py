@@ -46,18 +46,16 @@ def build_analyzer(options: TargetOptions) -> Analyzer:
 def cfi_problems(analyzer: Analyzer, compile_all: bool) -> list[str]:
     """One line per module with functions whose CFI could not be compiled; `compile_all`
     checks every function (seconds for a large binary), else only those samples reached."""
-    modules = [analyzer.kernel, *analyzer.users.values()]
     lines = []
-    for module in modules:
-        if module is not None and (uncompiled := module.cfi.uncompiled(compile_all)):
+    for module in analyzer.modules:
+        if uncompiled := module.cfi.uncompiled(compile_all):
             lines.append(f"{module.symbols.name}: {uncompiled.summary()}")
     return lines
 
 
 def module_paths(analyzer: Analyzer) -> dict[str, Path]:
     """The ELF file of each module, by the name frames carry (the file name)."""
-    modules = [analyzer.kernel, *analyzer.users.values()]
-    return {m.symbols.name: m.path for m in modules if m is not None}
+    return {m.symbols.name: m.path for m in analyzer.modules}
 
 
 def _adapter(kernel: Path | None) -> OsAdapter:

@@ -31,10 +31,10 @@ async def run_dump(options: DumpOptions, out: Console) -> None:
         connected(options.target, analyzer) as (session, _, capturer),
         paused(session, DUMP_BUDGET_S),
     ):
-        raws = await capturer.capture()
-    if not raws:
+        captured = await capturer.capture()
+    if not captured:
         raise UsageError(f"no vCPU {', '.join(map(str, options.target.cpus))} in this guest")
-    samples = [analyzer.analyze(raw) for raw in raws]
+    samples = [analyzer.symbolize(one) for one in captured]
     sources = SourceLookup(module_paths(analyzer))  # inlined calls are shown by default
     if options.as_json:
         out.out(dump_json(samples, sources, options.lines), highlight=False)

@@ -25,7 +25,7 @@ from qmpprof.commands.collect import (
 )
 from qmpprof.commands.common import TargetOptions, build_analyzer, cfi_problems, connected
 from qmpprof.errors import KernelMismatch
-from qmpprof.model import RawSample, Recording
+from qmpprof.model import CapturedSample, Recording
 from qmpprof.output.progress import RecordProgress
 from qmpprof.output.summary import render_summary
 from qmpprof.output.writers import Format
@@ -85,8 +85,8 @@ async def _record(
     stop: asyncio.Event,
     err: Console,
 ) -> RecordStats:
-    def analyse(raw: RawSample) -> None:
-        collector.add_raw(raw)
+    def analyse(captured: CapturedSample) -> None:
+        collector.add_captured(captured)
         if collector.coverage.mismatched:
             stop.set()
 
@@ -138,7 +138,7 @@ def _describe(memory: object) -> str:
 
 def _announce(options: RecordOptions, collector: Collector, memory: str, err: Console) -> None:
     analyzer = collector.analyzer
-    if not analyzer.has_symbols:
+    if not analyzer.has_kernel_symbols:
         err.print(
             "warning: no kernel symbols (--kernel): frames will be raw addresses", soft_wrap=True
         )

@@ -10,10 +10,11 @@ from rich.console import Console
 from qmpprof.commands.collect import Collector, check_writable, raise_for_failures, show_written
 from qmpprof.commands.common import TargetOptions, build_analyzer
 from qmpprof.errors import UsageError
+from qmpprof.model import CapturedSample
 from qmpprof.output.summary import render_profile
 from qmpprof.output.writers import Format
 from qmpprof.profile import Profile, Scope
-from qmpprof.record.capfile import Capture, CapturedSample, read_capture
+from qmpprof.record.capfile import Capture, read_capture
 
 
 @dataclass(frozen=True)
@@ -65,9 +66,8 @@ def _add(collector: Collector, entry: CapturedSample, reunwind: bool) -> None:
     analyzer = collector.analyzer
     try:
         if reunwind and entry.raw.windows:
-            collector.add(analyzer.analyze(entry.raw))
-        else:
-            collector.add(analyzer.symbolize(entry.raw, entry.stack, entry.process))
+            entry = analyzer.examine(entry.raw).sample
+        collector.add(analyzer.symbolize(entry))
     except Exception as error:  # a capture is input: one odd sample must not lose the rest
         collector.profile.unanalysed += 1
         collector.profile.last_error = f"{type(error).__name__}: {error}"

@@ -17,7 +17,7 @@ from rich.live import Live
 from qmpprof.commands.common import TargetOptions, build_analyzer, connected
 from qmpprof.commands.record import stop_on_signals
 from qmpprof.errors import QmpprofError
-from qmpprof.model import RawSample
+from qmpprof.model import CapturedSample
 from qmpprof.output.top import ViewState, plain_snapshot, render
 from qmpprof.record.backlog import Backlog
 from qmpprof.record.sampler import LoopConfig, RecordStats, sample_loop
@@ -46,11 +46,11 @@ async def run_top(options: TopOptions, out: Console) -> None:
     record = RecordStats()
 
     # As in record: analysis waits for the time between ticks and never delays one.
-    backlog = Backlog(lambda raw: stats.add(analyzer.analyze(raw)))
+    backlog = Backlog(lambda captured: stats.add(analyzer.symbolize(captured)))
 
-    def on_samples(raws: list[RawSample]) -> None:
+    def on_samples(captured: list[CapturedSample]) -> None:
         stats.count_tick()
-        backlog.add(raws)
+        backlog.add(captured)
 
     def on_progress(latest: RecordStats) -> None:
         nonlocal record

@@ -66,7 +66,7 @@ def render_profile(profile: Profile, console: Console, limit: int = 10) -> None:
             soft_wrap=True,
         )
     for reason, count in profile.unsymbolized.most_common():
-        line = f"unsymbolized user samples: {count} ({visible(reason)})"
+        line = f"unsymbolized user samples: {count} ({visible(str(reason))})"
         console.print(Text(line), soft_wrap=True)
     if profile.stacked:
         console.print(top_stacks_table(profile, limit))

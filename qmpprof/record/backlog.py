@@ -6,7 +6,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from qmpprof.model import RawSample
+from qmpprof.model import CapturedSample
 
 #: Start one more analysis only if it should end this long before the next tick.
 MARGIN_S = 0.0001
@@ -22,20 +22,20 @@ MAX_PENDING = 2048
 
 
 class Backlog:
-    """Raw samples waiting to be analysed by `analyse`, in order."""
+    """Captured samples waiting to be analysed by `analyse`, in order."""
 
     def __init__(
         self,
-        analyse: Callable[[RawSample], None],
+        analyse: Callable[[CapturedSample], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._analyse = analyse
         self._clock = clock
-        self._pending: deque[RawSample] = deque()
+        self._pending: deque[CapturedSample] = deque()
         self._cost = FIRST_GUESS_S
 
-    def add(self, raws: list[RawSample]) -> None:
-        self._pending.extend(raws)
+    def add(self, samples: list[CapturedSample]) -> None:
+        self._pending.extend(samples)
 
     def work_until(self, deadline: float | None) -> None:
         """Analyse pending samples while each should end before `deadline`

@@ -27,11 +27,11 @@ import zlib
 from pathlib import Path
 
 from qmpprof.errors import BadCapture, OutputError
-from qmpprof.model import Recording
+from qmpprof.model import CapturedSample, Recording
 from qmpprof.record.capread import Capture, read_capture
-from qmpprof.record.capschema import CapturedSample, encode_end, encode_header, encode_sample
+from qmpprof.record.capschema import encode_end, encode_header, encode_sample
 
-__all__ = ["BadCapture", "Capture", "CaptureWriter", "CapturedSample", "read_capture"]
+__all__ = ["BadCapture", "Capture", "CaptureWriter", "read_capture"]
 
 #: Samples that a crash may lose: those of the member not yet written.
 FLUSH_INTERVAL_S = 1.0

@@ -24,11 +24,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 from qmpprof.errors import BadCapture
-from qmpprof.model import Recording
+from qmpprof.model import CapturedSample, Recording
 from qmpprof.record.capschema import (
     MAX_RECORD_BYTES,
     BadRecord,
-    CapturedSample,
     decode_end,
     decode_header,
     decode_sample,

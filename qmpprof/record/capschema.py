@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from enum import Enum
 from typing import Any, TypeVar
 
 from qmpprof.model import (
+    CapturedSample,
     FrameAddress,
     FrameKind,
     MemoryWindow,
@@ -55,15 +56,6 @@ U64 = (1 << 64) - 1
 
 class BadRecord(Exception):
     """A header or sample record that is not what the writer writes."""
-
-
-@dataclass(frozen=True)
-class CapturedSample:
-    """One vCPU sample as a capture file keeps it."""
-
-    raw: RawSample
-    stack: UnwoundStack
-    process: Process | None
 
 
 def encode_header(recording: Recording) -> bytes:

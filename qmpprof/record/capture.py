@@ -1,8 +1,10 @@
-"""Capture one tick: every vCPU's registers and the guest memory needed to unwind it.
+"""Capture one tick: every vCPU's registers, the guest memory needed to unwind it, and the
+unwind itself.
 
-Memory is read on demand: a first window around RSP, then, while the pure analysis
-faults on an address no window holds (a user stack after a syscall frame, the OS
-adapter's process struct), one more window there; a few rounds at most.
+Memory is read on demand: a first window around RSP, then, while the pure examination
+(Analyzer.examine) misses an address no window holds (a user stack after a syscall
+frame, the OS adapter's process struct), one more window there; a few rounds at most.
+The last examination is the result: the stack and process travel on with the sample.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 from qmpprof.analysis import Analyzer
-from qmpprof.model import MemoryWindow, RawSample, RegisterSet
+from qmpprof.model import CapturedSample, MemoryWindow, RawSample, RegisterSet
 from qmpprof.record.identify import AddressSpaceIdentifier
 from qmpprof.target.memory import PAGE_SIZE, MemoryBackend
 from qmpprof.target.qmp import QmpSession
@@ -48,8 +50,10 @@ class Capturer:
         self._config = config
         self._identifier = AddressSpaceIdentifier(memory, analyzer.users)
 
-    async def capture(self, first: str | None = None, then: str | None = None) -> list[RawSample]:
-        """Raw samples of the selected vCPUs as they are now.
+    async def capture(
+        self, first: str | None = None, then: str | None = None
+    ) -> list[CapturedSample]:
+        """The selected vCPUs as they are now, unwound.
 
         `first`: a QMP command to run just before (`stop`), in the same round trip as the
         register request. `then`: the QMP command the caller sends next (`cont` for a
@@ -57,7 +61,7 @@ class Capturer:
         do (QmpSession.prime), and the VM is paused for less.
 
         Raises TargetGone, CommandFailed or RegisterParseError; a vCPU whose stack
-        cannot be read yields a RawSample with `error` set instead.
+        cannot be read yields a sample whose RawSample has `error` set instead.
         """
         now = time.time()
         registers = parse_all(await self._session.hmp(REGISTERS, first=first))
@@ -72,15 +76,16 @@ class Capturer:
         it then starts with the request's last bytes. Harmless: the request reads."""
         self._session.hmp_prime(REGISTERS)
 
-    async def _one(self, regs: RegisterSet, now: float) -> RawSample:
+    async def _one(self, regs: RegisterSet, now: float) -> CapturedSample:
         if regs.bits != 64:
-            return RawSample(now, regs, error=f"vCPU in {regs.bits}-bit mode: stack not read")
+            error = f"vCPU in {regs.bits}-bit mode: stack not read"
+            return self._analyzer.examine(RawSample(now, regs, error=error)).sample
         user_module = await self._identifier.identify(regs)
         window = await self._stack_window(regs)
         if window is None:
-            return RawSample(
-                now, regs, user_module=user_module, error=f"stack unreadable at rsp={regs.rsp:#x}"
-            )
+            error = f"stack unreadable at rsp={regs.rsp:#x}"
+            raw = RawSample(now, regs, user_module=user_module, error=error)
+            return self._analyzer.examine(raw).sample
         return await self._complete(RawSample(now, regs, (window,), user_module))
 
     async def _stack_window(self, regs: RegisterSet) -> MemoryWindow | None:
@@ -92,17 +97,18 @@ class Capturer:
             data = await self._memory.read_window(regs.vcpu, base, self._config.stack_bytes)
         return MemoryWindow(base, data) if data else None
 
-    async def _complete(self, raw: RawSample) -> RawSample:
-        """Fetch what the analysis still misses, a bounded number of times."""
+    async def _complete(self, raw: RawSample) -> CapturedSample:
+        """Examine `raw`, fetching what it still misses a bounded number of times."""
+        examined = self._analyzer.examine(raw)
         for _ in range(MAX_EXTRA_WINDOWS):
-            address = self._analyzer.missing_address(raw)
-            if address is None:
+            if examined.missing is None:
                 break
-            window = await self._window_at(raw.vcpu, address)
+            window = await self._window_at(raw.vcpu, examined.missing)
             if window is None:
                 break
             raw = replace(raw, windows=(*raw.windows, window))
-        return raw
+            examined = self._analyzer.examine(raw)
+        return examined.sample
 
     async def _window_at(self, vcpu: int, address: int) -> MemoryWindow | None:
         """A window holding `address`: from a little below it to the end of the next page."""

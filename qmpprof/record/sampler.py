@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from qmpprof.errors import MonitorStuck, ResumeFailed, TargetGone, TickOverrun
-from qmpprof.model import RawSample
+from qmpprof.model import CapturedSample
 from qmpprof.record.capture import Capturer
 from qmpprof.record.schedule import Schedule
 from qmpprof.target.pause import PauseHold
@@ -61,7 +61,7 @@ class LoopConfig:
     nonblocking: bool = False
 
 
-SampleSink = Callable[[list[RawSample]], None]
+SampleSink = Callable[[list[CapturedSample]], None]
 ProgressSink = Callable[[RecordStats], None]
 #: Called with the time the next tick is due: work that may wait should stop before it.
 IdleWork = Callable[[float], None]
@@ -158,7 +158,7 @@ async def paused_capture(
     capturer: Capturer,
     stats: RecordStats,
     budget_s: float | None = TICK_BUDGET_S,
-) -> list[RawSample] | None:
+) -> list[CapturedSample] | None:
     """The tick's samples taken with the VM paused; None when someone else holds it
     paused (the user, GDB, another QMP client), which we leave as it is.
 
@@ -187,7 +187,7 @@ async def running_capture(
     capturer: Capturer,
     stats: RecordStats,
     budget_s: float | None = TICK_BUDGET_S,
-) -> list[RawSample] | None:
+) -> list[CapturedSample] | None:
     """The tick's samples taken while the VM runs; None when it is paused (by anyone).
     Raises TickOverrun after `budget_s`."""
     if not await session.is_running():

@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import Protocol
 
 from qmpprof.model import Frame, FrameAddress
 from qmpprof.symbols.elf import SymbolTable
 
 
-class Symbolizer:
-    """Names frames from a set of modules' symbol tables (first match wins)."""
+class SymbolSource(Protocol):
+    def symbols_at(self, address: int) -> tuple[SymbolTable, int] | None:
+        """The symbol table of the module mapped at a guest address, and its bias
+        (guest address = file address + bias); None where no module is mapped."""
+        ...
 
-    def __init__(self, tables: Sequence[SymbolTable]) -> None:
-        self._tables = tuple(tables)
+
+class Symbolizer:
+    """Names frames at guest addresses from the symbols of the modules mapped there."""
+
+    def __init__(self, source: SymbolSource) -> None:
+        self._source = source
         self._cache: dict[int, tuple[str | None, int, str | None]] = {}
         # Interned, so the many samples of a recording share their Frame objects.
         self._frames: dict[FrameAddress, Frame] = {}
-
-    @property
-    def has_symbols(self) -> bool:
-        return any(len(table) for table in self._tables)
 
     def symbolize(self, address: FrameAddress) -> Frame:
         """The frame for `address`; function None (and offset 0) when no symbol covers it."""
@@ -39,9 +42,12 @@ class Symbolizer:
         return Frame(address, function, offset, module)
 
     def _lookup(self, address: int) -> tuple[str | None, int, str | None]:
-        for table in self._tables:
-            hit = table.lookup(address)
-            if hit is not None:
-                symbol, offset = hit
-                return symbol.name, offset, table.name
-        return None, 0, None
+        found = self._source.symbols_at(address)
+        if found is None:
+            return None, 0, None
+        table, bias = found
+        hit = table.lookup(address - bias)
+        if hit is None:
+            return None, 0, None
+        symbol, offset = hit
+        return symbol.name, offset, table.name

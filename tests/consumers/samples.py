@@ -16,10 +16,12 @@ from qmpprof.model import (
     FrameAddress,
     FrameKind,
     Mode,
+    NoUserSymbols,
     Process,
     Recording,
     Sample,
     StopReason,
+    Unsymbolized,
 )
 
 KERNEL_BASE = 0xFFFF_FFFF_8010_0000
@@ -115,7 +117,9 @@ def realistic_samples() -> list[Sample]:
 
 
 def _sample(spec: Spec, time: float) -> Sample:
-    unsymbolized = "no binary matched" if spec.process is None and spec.mode is Mode.USER else None
+    unsymbolized = None
+    if spec.process is None and spec.mode is Mode.USER:
+        unsymbolized = Unsymbolized(NoUserSymbols.NO_MATCH, f"cr3:{0x5000 + 0x1000 * spec.vcpu:#x}")
     return Sample(
         time=RECORDING.started + time,
         vcpu=spec.vcpu,

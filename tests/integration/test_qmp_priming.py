@@ -17,7 +17,7 @@ import pytest
 
 from qmpprof.analysis import Analyzer
 from qmpprof.errors import CommandFailed
-from qmpprof.model import RawSample
+from qmpprof.model import CapturedSample
 from qmpprof.modules import load_module
 from qmpprof.record.capture import REGISTERS, CaptureConfig, Capturer
 from qmpprof.record.sampler import LoopConfig, sample_loop
@@ -116,13 +116,13 @@ async def test_sampling_with_primed_commands_leaves_the_vm_running_and_replies_i
     try:
         analyzer = Analyzer(load_module(guest.kernel))
         capturer = Capturer(session, memory, analyzer, CaptureConfig())
-        taken: list[RawSample] = []
+        taken: list[CapturedSample] = []
         config = LoopConfig(1 / 200, 0.5, nonblocking=nonblocking)
         stats = await sample_loop(session, capturer, config, asyncio.Event(), taken.extend)
         assert stats.ticks > 1 and stats.failed == 0, stats.last_error
         assert (stats.paused_s > 0) != nonblocking
-        assert all(raw.error is None for raw in taken)
-        assert all(len(analyzer.analyze(raw).frames) > 1 for raw in taken)
+        assert all(one.raw.error is None for one in taken)
+        assert all(len(analyzer.symbolize(one).frames) > 1 for one in taken)
         assert (await session.execute("query-status"))["status"] == "running"
         assert parse_all(await session.hmp(REGISTERS))
     finally:

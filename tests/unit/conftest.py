@@ -35,8 +35,11 @@ CHAIN_BUILDS = {
 }
 
 
-def capture_with_gdb(program: Path, functions: str, output: Path) -> list[dict[str, object]]:
-    """Stops on every instruction of `functions`; GDB's registers, stack and frames at each."""
+def capture_with_gdb(
+    program: Path, functions: str, output: Path, pie: bool = False
+) -> list[dict[str, object]]:
+    """Stops on every instruction of `functions`; GDB's registers, stack and frames at each
+    (`pie`: the program is position-independent, its addresses known once loaded)."""
     import json
     import os
 
@@ -47,6 +50,7 @@ def capture_with_gdb(program: Path, functions: str, output: Path) -> list[dict[s
         "QMPPROF_PROGRAM": str(program),
         "QMPPROF_FUNCTIONS": functions,
         "QMPPROF_OUTPUT": str(output),
+        **({"QMPPROF_PIE": "1"} if pie else {}),
     }
     script = Path(__file__).parent / "gdb_capture.py"
     subprocess.run(

@@ -66,6 +66,11 @@ def capture(stream, stack_bytes: int) -> None:
         pcs.append(int(frame.pc()))
         frame = frame.older()
     record = {"registers": registers, "stack_base": base, "stack": stack.hex(), "frames": pcs}
+    # Where GDB sees `main` at run time: a position-independent program's load bias is
+    # this minus main's address in the file.
+    main_symbol = gdb.lookup_global_symbol("main")
+    if main_symbol is not None:
+        record["main"] = int(main_symbol.value().address) & (2**64 - 1)
     stream.write(json.dumps(record) + "\n")
 
 
@@ -75,6 +80,8 @@ def main() -> None:
     gdb.execute("set backtrace past-main on")
     gdb.execute("set backtrace past-entry on")
     gdb.execute(f"file {os.environ['QMPPROF_PROGRAM']}")
+    if os.environ.get("QMPPROF_PIE"):  # addresses are known once the program is loaded
+        gdb.execute("starti", to_string=True)
     addresses = []
     for function in os.environ["QMPPROF_FUNCTIONS"].split(","):
         addresses += instruction_addresses(function)
@@ -82,7 +89,7 @@ def main() -> None:
         gdb.Breakpoint(f"*{address:#x}", internal=True, temporary=True)
     stack_bytes = int(os.environ.get("QMPPROF_STACK_BYTES", "4096"))
     with open(os.environ["QMPPROF_OUTPUT"], "w") as stream:
-        gdb.execute("run", to_string=True)
+        gdb.execute("continue" if os.environ.get("QMPPROF_PIE") else "run", to_string=True)
         while gdb.selected_inferior().pid:
             capture(stream, stack_bytes)
             gdb.execute("continue", to_string=True)

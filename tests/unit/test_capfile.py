@@ -22,6 +22,7 @@ import pytest
 
 from qmpprof.errors import BadCapture, OutputError
 from qmpprof.model import (
+    CapturedSample,
     FrameAddress,
     FrameKind,
     MemoryWindow,
@@ -33,7 +34,7 @@ from qmpprof.model import (
     StopReason,
     UnwoundStack,
 )
-from qmpprof.record.capfile import CapturedSample, CaptureWriter, read_capture
+from qmpprof.record.capfile import CaptureWriter, read_capture
 from qmpprof.record.capschema import MAX_RECORD_BYTES, encode_header, encode_sample
 from qmpprof.symbols.elf import load_symbols
 from qmpprof.target.registers import parse_all

@@ -13,6 +13,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from qmpprof.model import (
+    CapturedSample,
     FrameAddress,
     FrameKind,
     Process,
@@ -21,7 +22,7 @@ from qmpprof.model import (
     StopReason,
     UnwoundStack,
 )
-from qmpprof.record.capfile import CapturedSample, CaptureWriter
+from qmpprof.record.capfile import CaptureWriter
 from qmpprof.symbols.elf import load_symbols
 from qmpprof.target.registers import parse_all
 

@@ -22,6 +22,7 @@ from rich.console import Console
 
 from qmpprof.analysis import Analyzer
 from qmpprof.model import (
+    CapturedSample,
     FrameAddress,
     FrameKind,
     Process,
@@ -35,7 +36,7 @@ from qmpprof.modules import load_module
 from qmpprof.output import progress
 from qmpprof.output.dump import dump_json, dump_text
 from qmpprof.output.top import ViewState, plain_snapshot, render
-from qmpprof.record.capfile import CapturedSample, CaptureWriter
+from qmpprof.record.capfile import CaptureWriter
 from qmpprof.record.sampler import RecordStats
 from qmpprof.symbols.elf import load_symbols
 from qmpprof.symbols.lines import SourceLookup
@@ -101,7 +102,7 @@ def raw_sample() -> RawSample:
 @pytest.fixture(scope="module")
 def sample(hostile_elf: Path) -> Sample:
     analyzer = Analyzer(load_module(hostile_elf))
-    symbolized = analyzer.symbolize(raw_sample(), stack(hostile_elf), PROCESS)
+    symbolized = analyzer.symbolize(CapturedSample(raw_sample(), stack(hostile_elf), PROCESS))
     assert [f.function for f in symbolized.frames] == [LEAF, MIDDLE]
     return symbolized
 

@@ -9,7 +9,7 @@ from qmpprof.errors import BadElf
 from qmpprof.guest.example import ExampleGuestAdapter
 from qmpprof.model import FrameAddress, FrameKind
 from qmpprof.modules import load_module
-from qmpprof.symbols.elf import load_symbols
+from qmpprof.symbols.elf import SymbolTable, load_symbols
 from qmpprof.symbols.symbolizer import Symbolizer
 from tests.fuzz.elf_edit import (
     E_MACHINE,
@@ -47,10 +47,20 @@ def test_every_function_nm_knows_is_found_at_start_middle_and_end(symbols_elf: P
             assert hit[1] == probe - address
 
 
+class Unbiased:
+    """One symbol table at its file addresses (a SymbolSource)."""
+
+    def __init__(self, table: SymbolTable) -> None:
+        self.table = table
+
+    def symbols_at(self, address: int) -> tuple[SymbolTable, int] | None:
+        return self.table, 0
+
+
 def test_return_address_names_the_calling_function(symbols_elf: Path) -> None:
     table = load_symbols(symbols_elf)
     address, size = nm_functions(symbols_elf)["middle"]
-    symbolizer = Symbolizer([table])
+    symbolizer = Symbolizer(Unbiased(table))
     # A return address just past the end of `middle` still belongs to the call in `middle`.
     frame = symbolizer.symbolize(FrameAddress(address + size, FrameKind.RETURN))
     assert frame.function == "middle"

@@ -1,0 +1,145 @@
+"""Where modules lie in one guest address space, and lookups routed through them.
+
+A `Mapping` puts a module's file at guest addresses [start, end) with a bias:
+guest address = file address + bias (zero for a binary running where it was linked;
+a KASLR kernel, a PIE program or a shared library has its own). An `AddressSpace` is the
+list of mappings one sample can run in; the unwinder asks it for CFI rows and code bytes
+at guest addresses, the symbolizer for names, each translated to file addresses once.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from qmpprof.errors import MemoryFault
+from qmpprof.model import KERNEL_HALF
+from qmpprof.modules import Module
+from qmpprof.symbols.elf import SymbolTable
+from qmpprof.unwind.callsite import follows_call
+from qmpprof.unwind.rules import UnwindRow
+
+#: One past the highest x86-64 address.
+ADDRESS_END = 1 << 64
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """A module's file seen at guest addresses [start, end), shifted by `bias`."""
+
+    module: Module
+    start: int
+    end: int
+    bias: int = 0
+
+    def contains(self, address: int) -> bool:
+        return self.start <= address < self.end
+
+    def file_address(self, address: int) -> int:
+        return address - self.bias
+
+
+def kernel_mapping(kernel: Module, bias: int = 0) -> Mapping:
+    """A kernel linked in the upper half as the whole upper half: with no kernel modules
+    known, any address there outside its code is garbage, not someone else's code. A
+    kernel linked low (a unikernel, firmware) covers just its own code."""
+    start, end = kernel.extent[0] + bias, kernel.extent[1] + bias
+    if start >= KERNEL_HALF or end <= start:
+        return Mapping(kernel, KERNEL_HALF, ADDRESS_END, bias)
+    return Mapping(kernel, start, end, bias)
+
+
+def user_mapping(user: Module, bias: int = 0, taken: Mapping | None = None) -> list[Mapping]:
+    """A user program as the whole lower half (shared libraries are not mapped yet), but
+    for the part `taken` by a kernel linked low."""
+    whole = Mapping(user, 0, KERNEL_HALF, bias)
+    if taken is None or taken.start >= KERNEL_HALF:
+        return [whole]
+    parts = [(0, taken.start), (taken.end, KERNEL_HALF)]
+    return [Mapping(user, start, end, bias) for start, end in parts if start < end]
+
+
+class AddressSpace:
+    """The mappings one sample can run in, found by address (they must not overlap)."""
+
+    def __init__(self, mappings: Iterable[Mapping]) -> None:
+        self.mappings = tuple(sorted(mappings, key=lambda m: m.start))
+        for before, after in zip(self.mappings, self.mappings[1:], strict=False):
+            if after.start < before.end:
+                raise ValueError(f"{after.module.name} overlaps {before.module.name}")
+        self._starts = [m.start for m in self.mappings]
+        self.code = ModuleCode(self)
+        self.return_sites = ReturnSites(self)
+
+    def mapping_at(self, address: int) -> Mapping | None:
+        index = bisect.bisect_right(self._starts, address) - 1
+        if index < 0:
+            return None
+        mapping = self.mappings[index]
+        return mapping if address < mapping.end else None
+
+    def row_for(self, address: int) -> UnwindRow | None:
+        """The CFI row for a guest address (unwind.unwinder.CfiLookup)."""
+        mapping = self.mapping_at(address)
+        if mapping is None:
+            return None
+        return mapping.module.cfi.row_for(mapping.file_address(address))
+
+    def symbols_at(self, address: int) -> tuple[SymbolTable, int] | None:
+        """The symbols of the module mapped at `address` and its bias (SymbolSource)."""
+        mapping = self.mapping_at(address)
+        return (mapping.module.symbols, mapping.bias) if mapping is not None else None
+
+
+class ModuleCode:
+    """The mapped modules' code bytes read at guest addresses (a MemoryReader); the
+    frame-pointer unwinder and the return-site check read instructions here."""
+
+    def __init__(self, space: AddressSpace) -> None:
+        self._space = space
+
+    def read(self, address: int, size: int) -> bytes:
+        mapping = self._space.mapping_at(address)
+        if mapping is None:
+            raise MemoryFault(address, size)
+        try:
+            return mapping.module.code.read(mapping.file_address(address), size)
+        except MemoryFault:
+            raise MemoryFault(address, size) from None
+
+    def read_u64(self, address: int) -> int:
+        return int.from_bytes(self.read(address, 8), "little")
+
+
+#: Return-site answers kept per address space (a profile meets a few thousand).
+MAX_RETURN_SITES = 1 << 14
+
+
+class ReturnSites:
+    """Whether an address can be a return address, remembered: asked for every frame of
+    every sample, and the modules' code never changes."""
+
+    def __init__(self, space: AddressSpace) -> None:
+        self._space = space
+        self._known: dict[int, bool | None] = {}
+
+    def check(self, address: int) -> bool | None:
+        """True if a call ends right before `address` in a mapped module's code; False if
+        a module is mapped there but this is not after a call (or not its code): garbage
+        or a torn stack; None when no module is mapped there."""
+        if address in self._known:
+            return self._known[address]
+        if len(self._known) >= MAX_RETURN_SITES:
+            self._known.clear()
+        known = self._known[address] = self._decode(address)
+        return known
+
+    def _decode(self, address: int) -> bool | None:
+        if self._space.mapping_at(address) is None:
+            return None
+        try:
+            self._space.code.read(address - 1, 1)
+        except MemoryFault:
+            return False
+        return follows_call(self._space.code, address)

@@ -1,0 +1,111 @@
+"""Modules mapped away from their link address: a position-independent program under GDB.
+
+cfi_chain.c is built as a static PIE; GDB runs it (loaded at an address of the kernel's
+choosing) and stops on every instruction of the chain. The load bias is where GDB sees
+`main` minus where nm sees it in the file. Unwinding and symbolizing GDB's registers and
+stack bytes through a mapping with that bias must give GDB's frames and nm's names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from qmpprof.address_space import AddressSpace, Mapping, kernel_mapping, user_mapping
+from qmpprof.analysis import Analyzer
+from qmpprof.errors import MemoryFault
+from qmpprof.model import KERNEL_HALF, MemoryWindow, RawSample, RegisterSet
+from qmpprof.modules import Module, load_module
+from tests.unit.conftest import CHAIN_FUNCTIONS, build_elf, capture_with_gdb
+from tests.unit.test_symbols import nm_functions
+
+Stops = list[dict[str, object]]
+
+
+@pytest.fixture(scope="module")
+def pie_capture(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Stops, int]:
+    """(the PIE, GDB's stops, its load bias)."""
+    out = tmp_path_factory.mktemp("pie")
+    elf = build_elf("cfi_chain.c", out, "-g", "-O2", "-fomit-frame-pointer", "-static-pie")
+    stops = capture_with_gdb(elf, CHAIN_FUNCTIONS, out / "stops.jsonl", pie=True)
+    bias = int(str(stops[0]["main"])) - nm_functions(elf)["main"][0]
+    return elf, stops, bias
+
+
+def raw_sample(stop: dict[str, object]) -> RawSample:
+    general = stop["registers"]
+    assert isinstance(general, dict)
+    registers = RegisterSet(0, general, cs=0x33, cpl=3, halted=False, bits=64, cr3=0x1000)
+    window = MemoryWindow(int(str(stop["stack_base"])), bytes.fromhex(str(stop["stack"])))
+    return RawSample(0.0, registers, (window,), user_module="chain")
+
+
+def test_a_pie_unwinds_and_symbolizes_as_gdb_sees_it(pie_capture: tuple[Path, Stops, int]) -> None:
+    elf, stops, bias = pie_capture
+    assert bias != 0 and bias % 4096 == 0, "the program ran at its link address"
+    assert len(stops) > 40, "GDB stopped too rarely: the capture did not work"
+    analyzer = Analyzer(users={"chain": load_module(elf, "chain")}, biases={"chain": bias})
+    functions = nm_functions(elf)
+    wrong = []
+    for stop in stops:
+        sample = analyzer.analyze(raw_sample(stop))
+        gdb_frames = stop["frames"]
+        assert isinstance(gdb_frames, list)
+        ours = [frame.address.address for frame in sample.frames]
+        leaf_name = sample.frames[0].function
+        leaf_file_address = gdb_frames[0] - bias
+        start, size = functions[str(leaf_name)] if leaf_name in functions else (0, 0)
+        if ours != gdb_frames or not start <= leaf_file_address < start + size:
+            wrong.append((gdb_frames, ours, leaf_name))
+    assert not wrong, f"{len(wrong)} of {len(stops)} stops differ, first: {wrong[0]}"
+
+
+def test_without_its_bias_the_pie_is_not_understood(pie_capture: tuple[Path, Stops, int]) -> None:
+    elf, stops, _ = pie_capture
+    analyzer = Analyzer(users={"chain": load_module(elf, "chain")})
+    assert all(analyzer.analyze(raw_sample(stop)).frames[0].function is None for stop in stops)
+
+
+@pytest.fixture(scope="module")
+def chain_module(pie_capture: tuple[Path, Stops, int]) -> Module:
+    return load_module(pie_capture[0], "chain")
+
+
+def test_code_is_read_at_guest_addresses(chain_module: Module) -> None:
+    bias = 0x5555_0000_0000
+    space = AddressSpace(user_mapping(chain_module, bias))
+    main = chain_module.symbols.find("main")
+    assert main is not None
+    assert space.code.read(main.address + bias, 16) == chain_module.code.read(main.address, 16)
+    with pytest.raises(MemoryFault) as fault:
+        space.code.read(main.address, 16)  # the file address is not where the code is
+    assert fault.value.address == main.address
+
+
+def test_a_mapping_covers_only_its_range(chain_module: Module) -> None:
+    low = Mapping(chain_module, 0x1000, 0x2000)
+    high = Mapping(chain_module, 0x3000, KERNEL_HALF, bias=0x3000)
+    space = AddressSpace([high, low])
+    assert space.mapping_at(0x1000) is low and space.mapping_at(0x1FFF) is low
+    assert space.mapping_at(0x2000) is None and space.mapping_at(0xFFF) is None
+    assert space.mapping_at(0x3000) is high and space.mapping_at(KERNEL_HALF) is None
+    assert space.return_sites.check(0x2800) is None  # nothing mapped: unknown, not torn
+
+
+def test_overlapping_mappings_are_refused(chain_module: Module) -> None:
+    with pytest.raises(ValueError, match="overlaps"):
+        AddressSpace([Mapping(chain_module, 0, 0x2000), Mapping(chain_module, 0x1000, 0x3000)])
+
+
+def test_a_kernel_linked_low_covers_its_code_and_the_user_program_the_rest(
+    chain_module: Module,
+) -> None:
+    """A unikernel or firmware linked in the lower half keeps its own code's range."""
+    low_kernel = kernel_mapping(chain_module)
+    start, end = chain_module.extent
+    assert (low_kernel.start, low_kernel.end) == (start, end) and start < end
+    users = user_mapping(chain_module, 0, low_kernel)
+    assert [(m.start, m.end) for m in users] == [(0, start), (end, KERNEL_HALF)]
+    high_kernel = kernel_mapping(chain_module, bias=KERNEL_HALF)
+    assert (high_kernel.start, high_kernel.end) == (KERNEL_HALF, 1 << 64)
