@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
-from qmpprof.commands.common import TargetOptions, build_analyzer, connected, module_paths
+from qmpprof.commands.common import TargetOptions, build_analyzer, module_paths
+from qmpprof.commands.connect import connected
 from qmpprof.errors import KernelMismatch, UsageError
 from qmpprof.output.dump import dump_json, dump_text
 from qmpprof.symbols.coverage import KernelCoverage

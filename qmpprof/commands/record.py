@@ -23,7 +23,8 @@ from qmpprof.commands.collect import (
     raise_for_failures,
     show_written,
 )
-from qmpprof.commands.common import TargetOptions, build_analyzer, cfi_problems, connected
+from qmpprof.commands.common import TargetOptions, build_analyzer, cfi_problems
+from qmpprof.commands.connect import connected
 from qmpprof.errors import KernelMismatch
 from qmpprof.model import CapturedSample, Recording
 from qmpprof.output.progress import RecordProgress

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.live import Live
 
-from qmpprof.commands.common import TargetOptions, build_analyzer, connected
+from qmpprof.commands.common import TargetOptions, build_analyzer
+from qmpprof.commands.connect import connected
 from qmpprof.commands.record import stop_on_signals
 from qmpprof.errors import QmpprofError
 from qmpprof.model import CapturedSample

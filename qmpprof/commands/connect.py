@@ -1,0 +1,51 @@
+"""Connecting the commands that talk to QEMU: the QMP session, memory and capturer."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Collection
+
+from qmpprof.analysis import Analyzer
+from qmpprof.commands.common import TargetOptions, say_on_stderr
+from qmpprof.errors import UsageError
+from qmpprof.record.capture import CaptureConfig, Capturer
+from qmpprof.target.memory import MemoryBackend, open_memory
+from qmpprof.target.qmp import QmpSession
+from qmpprof.target.recovery import claim, release
+
+
+@contextlib.asynccontextmanager
+async def connected(
+    options: TargetOptions, analyzer: Analyzer, notice: Callable[[str], None] = say_on_stderr
+) -> AsyncIterator[tuple[QmpSession, MemoryBackend, Capturer]]:
+    """A QMP session, a memory backend and a capturer over them, closed on the way out.
+
+    First resumes a VM that a qmpprof which died left paused (telling `notice`, one
+    line) and claims the socket's pause marker (target.recovery); raises UsageError
+    when `options.cpus` names a vCPU the guest does not have."""
+    session = await QmpSession.connect(options.qmp_socket)
+    try:
+        await claim(session, notice)
+        await check_cpus(session, options.cpus)
+        memory = await open_memory(session, options.memory, options.mem_path)
+        config = CaptureConfig(stack_bytes=options.stack_bytes, cpus=options.cpus)
+        try:
+            yield session, memory, Capturer(session, memory, analyzer, config)
+        finally:
+            await memory.close()
+    finally:
+        release(session)
+        await session.close()
+
+
+async def check_cpus(session: QmpSession, cpus: Collection[int]) -> None:
+    """Raise UsageError when `cpus` names a vCPU index QEMU does not have."""
+    if not cpus:
+        return
+    present = {cpu.get("cpu-index") for cpu in await session.execute("query-cpus-fast")}
+    missing = sorted(set(cpus) - present)
+    if missing:
+        have = ", ".join(str(i) for i in sorted(i for i in present if isinstance(i, int)))
+        raise UsageError(
+            f"--cpus: no vCPU {', '.join(map(str, missing))} in this guest (it has {have})"
+        )
