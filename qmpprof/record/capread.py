@@ -23,11 +23,10 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from qmpprof.errors import BadCapture
+from qmpprof.errors import BadCapture, BadRecord
 from qmpprof.model import Recording
 from qmpprof.record.capschema import (
     MAX_RECORD_BYTES,
-    BadRecord,
     CapturedSample,
     decode_end,
     decode_header,

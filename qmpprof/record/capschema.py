@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any, TypeVar
 
+from qmpprof.errors import BadRecord
 from qmpprof.model import (
     FrameAddress,
     FrameKind,
@@ -51,10 +52,6 @@ MAX_DURATION_S = 1e9
 PERIOD_RANGE_S = (1e-6, 3600.0)
 
 U64 = (1 << 64) - 1
-
-
-class BadRecord(Exception):
-    """A header or sample record that is not what the writer writes."""
 
 
 @dataclass(frozen=True)

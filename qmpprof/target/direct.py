@@ -23,19 +23,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from qmpprof.errors import MemoryFault
+from qmpprof.errors import DirectMemoryUnavailable, MemoryFault
 from qmpprof.model import RegisterSet
 from qmpprof.paging import PagingState, VirtualMemory
-from qmpprof.target.memory import parse_hmp_words
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.ram_layout import (
-    DirectMemoryUnavailable,
     RamBlock,
     RamRange,
     parse_flat_ram,
     parse_gpa2hva,
     parse_ramblocks,
 )
+from qmpprof.target.xdump import parse_hmp_words
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _VERIFY_BYTES = 32
