@@ -14,8 +14,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from rich.console import Console
-
 from qmpprof import __version__
 from qmpprof.commands.common import TargetOptions
 from qmpprof.commands.dump import DumpOptions, run_dump
@@ -23,6 +21,7 @@ from qmpprof.commands.record import RecordOptions, run_record
 from qmpprof.commands.report import ReportOptions, run_report
 from qmpprof.commands.resume import run_resume
 from qmpprof.commands.top import TopOptions, run_top
+from qmpprof.console import terminal
 from qmpprof.errors import QmpprofError
 from qmpprof.output.writers import Format, infer_format
 from qmpprof.profile import Scope
@@ -56,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run qmpprof; returns the exit status (0 ok, 1 error, 2 bad usage)."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(_with_default_command(arguments))
-    out, err = Console(highlight=False), Console(stderr=True, highlight=False)
+    out, err = terminal()
     try:
         if args.command == "dump":
             asyncio.run(run_dump(_dump_options(args), out))
