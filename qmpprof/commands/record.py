@@ -24,6 +24,7 @@ from qmpprof.commands.common import TargetOptions, build_analyzer, cfi_problems,
 from qmpprof.console import Console, say
 from qmpprof.console.progress import RecordProgress
 from qmpprof.console.summary import render_summary
+from qmpprof.defaults import DEFAULT_RATE_HZ
 from qmpprof.errors import KernelMismatch
 from qmpprof.model import Ending, EndReason, RawSample, Recording, RecordStats
 from qmpprof.output.writers import Format
@@ -38,7 +39,7 @@ class RecordOptions:
     target: TargetOptions
     outputs: tuple[tuple[Path, Format], ...] = ((Path("profile.folded"), Format.FOLDED),)
     duration_s: float | None = 10.0
-    period_s: float = 1 / 99
+    period_s: float = 1 / DEFAULT_RATE_HZ
     include_idle: bool = False
     scope: Scope = Scope.ALL
     capture_memory: bool = False

@@ -15,6 +15,7 @@ from qmpprof.commands.common import TargetOptions, build_analyzer, connected
 from qmpprof.commands.record import stop_on_signals
 from qmpprof.console import Console, say
 from qmpprof.console.top import ViewState, live_screen, plain_snapshot, render
+from qmpprof.defaults import DEFAULT_RATE_HZ
 from qmpprof.errors import QmpprofError
 from qmpprof.model import RawSample, RecordStats
 from qmpprof.record.backlog import Backlog
@@ -25,7 +26,7 @@ from qmpprof.top_stats import SortKey, TopStats
 @dataclass(frozen=True)
 class TopOptions:
     target: TargetOptions
-    period_s: float = 1 / 99
+    period_s: float = 1 / DEFAULT_RATE_HZ
     refresh_s: float = 1.0
     process: str | None = None
     include_idle: bool = False

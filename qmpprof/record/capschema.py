@@ -36,7 +36,7 @@ READABLE_VERSIONS = (1, 2)
 #: most a few kilobytes without memory; with --capture-memory its windows fit in this
 #: (the writer leaves them out of a record that would not).
 MAX_RECORD_BYTES = 4 * 1024 * 1024
-#: Deepest stack a record holds (the unwinder's own default is 128).
+#: Deepest stack a record holds (far above DEFAULT_MAX_DEPTH and the --max-depth limit).
 MAX_FRAMES = 65536
 #: Memory windows per record: the stack and a few more (record/capture.py reads up to 4).
 MAX_WINDOWS = 16

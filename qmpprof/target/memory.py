@@ -16,12 +16,13 @@ import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
+# TODO(issue 14): record/capture.py takes PAGE_SIZE from here; it belongs to qmpprof.defaults.
+from qmpprof.defaults import PAGE_SIZE as PAGE_SIZE
 from qmpprof.errors import CommandFailed, DirectMemoryUnavailable, UsageError
 from qmpprof.model import RegisterSet
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.xdump import parse_hmp_words
 
-PAGE_SIZE = 4096
 #: The most one QMP command reads: a window is read in commands of at most this much,
 #: so that one command never holds QEMU's monitor for long and a tick that outlives its
 #: budget is abandoned between two of them (an `x` of 32 KiB is ~75 KB of text and a

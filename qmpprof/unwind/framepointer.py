@@ -10,10 +10,10 @@ at hand, those spots are recognised:
 
 from __future__ import annotations
 
+# TODO(issue 14): analysis.py takes DEFAULT_MAX_DEPTH from here; it belongs to qmpprof.defaults.
+from qmpprof.defaults import DEFAULT_MAX_DEPTH as DEFAULT_MAX_DEPTH
 from qmpprof.errors import MemoryFault
 from qmpprof.memory import MemoryReader
-
-DEFAULT_MAX_DEPTH = 128
 
 _PUSH_RBP = b"\x55"
 _ENDBR64 = b"\xf3\x0f\x1e\xfa"

@@ -18,7 +18,6 @@ import pytest
 
 from qmpprof.errors import DirectMemoryUnavailable, MemoryFault
 from qmpprof.model import RegisterSet
-from qmpprof.paging import PagingMode, PagingState
 from qmpprof.target.direct import (
     DirectMemory,
     SegmentedMemory,
@@ -27,6 +26,7 @@ from qmpprof.target.direct import (
     qemu_pid,
 )
 from qmpprof.target.memory import MemsaveMemory, as_qmp_int64
+from qmpprof.target.paging import PagingMode, PagingState
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.registers import parse_all
 from tests.integration.conftest import Guest, running_guest, scratch_ram_file
