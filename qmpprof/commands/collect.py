@@ -20,7 +20,7 @@ from qmpprof.errors import OutputError
 from qmpprof.model import RawSample, Recording, Sample
 from qmpprof.output.writers import Format, temporary_beside, write_profile
 from qmpprof.profile import Profile
-from qmpprof.record.capfile import CapturedSample, CaptureWriter
+from qmpprof.record.qmpcap import CapturedSample, CaptureWriter
 from qmpprof.symbols.coverage import KernelCoverage
 
 

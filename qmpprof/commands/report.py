@@ -12,7 +12,7 @@ from qmpprof.console.summary import render_profile
 from qmpprof.errors import UsageError
 from qmpprof.output.writers import Format
 from qmpprof.profile import Profile, Scope
-from qmpprof.record.capfile import Capture, CapturedSample, read_capture
+from qmpprof.record.qmpcap import Capture, CapturedSample, read_capture
 
 
 @dataclass(frozen=True)

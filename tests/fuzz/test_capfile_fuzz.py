@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from qmpprof.errors import BadCapture
 from qmpprof.model import Recording
-from qmpprof.record.capfile import CapturedSample
+from qmpprof.record.qmpcap import CapturedSample
 from tests.fuzz.budget import cases, counted
 from tests.unit.conftest import build_elf
 from tests.unit.test_capfile import read_all, real_samples, write_capture

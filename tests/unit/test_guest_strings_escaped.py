@@ -21,7 +21,7 @@ from qmpprof.model import (
     StopReason,
     UnwoundStack,
 )
-from qmpprof.record.capfile import CapturedSample, CaptureWriter
+from qmpprof.record.qmpcap import CapturedSample, CaptureWriter
 from qmpprof.symbols.elf import load_symbols
 from qmpprof.target.registers import parse_all
 

@@ -36,7 +36,7 @@ from qmpprof.model import (
 )
 from qmpprof.modules import load_module
 from qmpprof.output.dump import dump_json, dump_text
-from qmpprof.record.capfile import CapturedSample, CaptureWriter
+from qmpprof.record.qmpcap import CapturedSample, CaptureWriter
 from qmpprof.symbols.elf import load_symbols
 from qmpprof.symbols.lines import SourceLookup
 from qmpprof.target.registers import parse_all
