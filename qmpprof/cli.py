@@ -301,11 +301,6 @@ def _add_top_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_dump_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
-        "--show-addresses",
-        action="store_true",
-        help="print frame addresses (always on; kept for the original profiler's users)",
-    )
-    parser.add_argument(
         "--lines",
         action="store_true",
         help="file:line of each frame from DWARF line tables (inlined calls are always listed)",
