@@ -39,10 +39,11 @@ bench: deps guest  ## benchmarks, TCG by default (ACCEL=kvm where KVM works); ea
 	$(BIN)/python bench/perturbation.py --accel $(ACCEL)
 	$(BIN)/python bench/max_rate.py --accel $(ACCEL)
 
-lint: deps  ## ruff (lint + format check) and mypy --strict
+lint: deps  ## ruff (lint + format check), mypy --strict and the layering rules
 	$(BIN)/ruff check qmpprof tests $(wildcard bench)
 	$(BIN)/ruff format --check qmpprof tests $(wildcard bench)
 	$(BIN)/mypy qmpprof $(wildcard bench)
+	$(BIN)/pytest -q -p no:cacheprovider tests/unit/test_layers.py
 
 format: deps  ## reformat the code with ruff
 	$(BIN)/ruff format qmpprof tests $(wildcard bench)

@@ -10,9 +10,10 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 from qmpprof.analysis import Analyzer
+from qmpprof.defaults import DEFAULT_STACK_BYTES
 from qmpprof.model import CapturedSample, RawSample
 from qmpprof.modules import load_module
-from qmpprof.record.capture import DEFAULT_STACK_BYTES, CaptureConfig, Capturer
+from qmpprof.record.capture import CaptureConfig, Capturer
 from qmpprof.record.sampler import LoopConfig, RecordStats, sample_loop
 from qmpprof.record.schedule import Schedule
 from qmpprof.target.memory import open_memory

@@ -18,6 +18,7 @@ from collections import abc
 from dataclasses import dataclass
 
 from qmpprof.address_space import AddressSpace, Mapping, kernel_mapping, user_mapping
+from qmpprof.defaults import DEFAULT_MAX_DEPTH
 from qmpprof.errors import MemoryFault
 from qmpprof.guest.adapter import GenericAdapter, OsAdapter
 from qmpprof.guest.mode import mode_of
@@ -36,7 +37,6 @@ from qmpprof.model import (
 )
 from qmpprof.modules import Module
 from qmpprof.symbols.symbolizer import Symbolizer
-from qmpprof.unwind.framepointer import DEFAULT_MAX_DEPTH
 from qmpprof.unwind.unwinder import Strategy, dwarf_registers, unwind
 
 

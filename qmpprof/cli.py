@@ -1,35 +1,33 @@
 """The command line: parse, dispatch, and turn errors into one line and an exit code.
 
-This is the only module that prints errors and chooses exit codes.
+This is the only module that prints errors and chooses exit codes. The commands are one
+list (`COMMANDS`); each imports its module only when it runs, so `qmpprof report`
+does not load the QMP client that `record` needs.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from qmpprof import __version__
-from qmpprof.commands.common import TargetOptions
-from qmpprof.commands.dump import DumpOptions, run_dump
-from qmpprof.commands.record import RecordOptions, run_record
-from qmpprof.commands.report import ReportOptions, run_report
-from qmpprof.commands.resume import run_resume
-from qmpprof.commands.top import TopOptions, run_top
+from qmpprof.console import Console, terminal
+from qmpprof.defaults import DEFAULT_MAX_DEPTH, DEFAULT_RATE_HZ, DEFAULT_STACK_BYTES
 from qmpprof.errors import QmpprofError
 from qmpprof.output.writers import Format, infer_format
 from qmpprof.profile import Scope
 from qmpprof.unwind.unwinder import Strategy
 from qmpprof.visible import visible
 
-COMMANDS = ("record", "dump", "report", "top", "resume")
+if TYPE_CHECKING:
+    from qmpprof.commands.common import TargetOptions
+
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -56,18 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run qmpprof; returns the exit status (0 ok, 1 error, 2 bad usage)."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(_with_default_command(arguments))
-    out, err = Console(highlight=False), Console(stderr=True, highlight=False)
+    out, err = terminal()
     try:
-        if args.command == "dump":
-            asyncio.run(run_dump(_dump_options(args), out))
-        elif args.command == "report":
-            run_report(_report_options(args), out, err)
-        elif args.command == "top":
-            asyncio.run(run_top(_top_options(args), out))
-        elif args.command == "resume":
-            asyncio.run(run_resume(args.qmp_socket, out))
-        else:
-            asyncio.run(run_record(_record_options(args), out, err))
+        _COMMANDS_BY_NAME[args.command].run(args, out, err)
     except QmpprofError as error:
         _say(f"qmpprof: error: {visible(' '.join(str(error).split()))}")
         return EXIT_ERROR
@@ -82,7 +71,7 @@ def _with_default_command(argv: list[str]) -> list[str]:
     `--one-shot` anywhere means `dump`."""
     if "--one-shot" in argv:  # the original QMP profiler's spelling of `dump`
         return ["dump", *(a for a in argv if a not in ("--one-shot", "record", "dump"))]
-    if argv and (argv[0] in COMMANDS or argv[0] in ("-h", "--help", "--version")):
+    if argv and (argv[0] in _COMMANDS_BY_NAME or argv[0] in ("-h", "--help", "--version")):
         return argv
     return ["record", *argv]
 
@@ -93,33 +82,46 @@ def build_parser() -> argparse.ArgumentParser:
         description="Sample where a QEMU guest spends its CPU time, from outside, over QMP.",
     )
     parser.add_argument("--version", action="version", version=f"qmpprof {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    record = commands.add_parser("record", help="sample for a while and write a profile (default)")
-    dump = commands.add_parser("dump", help="print the current stack of every vCPU once")
-    report = commands.add_parser("report", help="write any output format from a .qmpcap capture")
-    report.add_argument("capture", type=Path, metavar="CAPTURE", help="a .qmpcap file")
-    top = commands.add_parser("top", help="a live view of the hottest functions and processes")
-    resume = commands.add_parser(
-        "resume", help="resume a VM that a qmpprof which was killed left paused"
-    )
-    resume.add_argument(
-        "--qmp-socket", default="./qmp-socket", metavar="PATH", help="QEMU's QMP unix socket"
-    )
-    for command in (record, dump, top):
-        _add_target_arguments(command)
-    for command in (record, dump, report, top):
-        _add_binary_arguments(command)
-    for command in (record, report):
-        _add_output_arguments(command)
-    _add_record_arguments(record)
-    _add_dump_arguments(dump)
-    _add_top_arguments(top)
-    report.add_argument(
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command in COMMANDS:
+        command.add_arguments(subparsers.add_parser(command.name, help=command.help))
+    return parser
+
+
+def _record_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_target_arguments(parser)
+    _add_binary_arguments(parser)
+    _add_output_arguments(parser)
+    _add_record_arguments(parser)
+
+
+def _dump_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_target_arguments(parser)
+    _add_binary_arguments(parser)
+    _add_dump_arguments(parser)
+
+
+def _report_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("capture", type=Path, metavar="CAPTURE", help="a .qmpcap file")
+    _add_binary_arguments(parser)
+    _add_output_arguments(parser)
+    parser.add_argument(
         "--reunwind",
         action="store_true",
         help="unwind again from the captured memory (needs --capture-memory)",
     )
-    return parser
+
+
+def _top_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_target_arguments(parser)
+    _add_binary_arguments(parser)
+    _add_top_arguments(parser)
+
+
+def _resume_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--qmp-socket", default="./qmp-socket", metavar="PATH", help="QEMU's QMP unix socket"
+    )
 
 
 def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
@@ -145,10 +147,10 @@ def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--stack-bytes",
         type=_int_in_range(1, MAX_STACK_BYTES, "bytes"),
-        default=16 * 1024,
+        default=DEFAULT_STACK_BYTES,
         metavar="N",
         help="bytes of stack to read above RSP per vCPU "
-        f"(default 16384, at most {MAX_STACK_BYTES})",
+        f"(default {DEFAULT_STACK_BYTES}, at most {MAX_STACK_BYTES})",
     )
     add(
         "--cpus",
@@ -188,9 +190,9 @@ def _add_binary_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--max-depth",
         type=_int_in_range(1, MAX_DEPTH, "frames"),
-        default=128,
+        default=DEFAULT_MAX_DEPTH,
         metavar="N",
-        help=f"most frames per stack (default 128, at most {MAX_DEPTH})",
+        help=f"most frames per stack (default {DEFAULT_MAX_DEPTH}, at most {MAX_DEPTH})",
     )
 
 
@@ -256,7 +258,8 @@ def _add_rate_arguments(parser: argparse.ArgumentParser) -> None:
             float, MIN_RATE_HZ, MAX_RATE_HZ, "Hz", "a tick takes at least one QMP round trip"
         ),
         metavar="HZ",
-        help=f"samples per second (default 99, jittered; {MIN_RATE_HZ:g} to {MAX_RATE_HZ:g})",
+        help=f"samples per second (default {DEFAULT_RATE_HZ:g}, jittered; "
+        f"{MIN_RATE_HZ:g} to {MAX_RATE_HZ:g})",
     )
     timing.add_argument(
         "--interval",
@@ -298,11 +301,6 @@ def _add_top_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_dump_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
-        "--show-addresses",
-        action="store_true",
-        help="print frame addresses (always on; kept for the original profiler's users)",
-    )
-    parser.add_argument(
         "--lines",
         action="store_true",
         help="file:line of each frame from DWARF line tables (inlined calls are always listed)",
@@ -310,6 +308,8 @@ def _add_dump_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _target_options(args: argparse.Namespace) -> TargetOptions:
+    from qmpprof.commands.common import TargetOptions
+
     return TargetOptions(
         qmp_socket=getattr(args, "qmp_socket", ""),
         kernel=args.kernel,
@@ -317,30 +317,34 @@ def _target_options(args: argparse.Namespace) -> TargetOptions:
         user_files=tuple(args.user),
         memory=getattr(args, "memory", "auto"),
         mem_path=getattr(args, "mem_path", None),
-        stack_bytes=getattr(args, "stack_bytes", 16 * 1024),
+        stack_bytes=getattr(args, "stack_bytes", DEFAULT_STACK_BYTES),
         max_depth=args.max_depth,
         unwind=Strategy(args.unwind),
         cpus=getattr(args, "cpus", ()),
     )
 
 
-def _record_options(args: argparse.Namespace) -> RecordOptions:
-    period = _period(args)
-    return RecordOptions(
+def _run_record(args: argparse.Namespace, out: Console, err: Console) -> None:
+    from qmpprof.commands.record import RecordOptions, run_record
+
+    options = RecordOptions(
         target=_target_options(args),
         outputs=_outputs(args),
         duration_s=args.duration,
-        period_s=period,
+        period_s=_period(args),
         include_idle=args.idle,
         scope=args.scope,
         capture_memory=args.capture_memory,
         nonblocking=args.nonblocking,
         verbose=args.verbose,
     )
+    _run_async(run_record(options, out, err))
 
 
-def _report_options(args: argparse.Namespace) -> ReportOptions:
-    return ReportOptions(
+def _run_report(args: argparse.Namespace, out: Console, err: Console) -> None:
+    from qmpprof.commands.report import ReportOptions, run_report
+
+    options = ReportOptions(
         capture=args.capture,
         target=_target_options(args),
         outputs=_outputs(args),
@@ -348,6 +352,7 @@ def _report_options(args: argparse.Namespace) -> ReportOptions:
         scope=args.scope,
         reunwind=args.reunwind,
     )
+    run_report(options, out, err)
 
 
 def _outputs(args: argparse.Namespace) -> tuple[tuple[Path, Format], ...]:
@@ -356,11 +361,13 @@ def _outputs(args: argparse.Namespace) -> tuple[tuple[Path, Format], ...]:
 
 
 def _period(args: argparse.Namespace) -> float:
-    return args.interval / 1000 if args.interval is not None else 1 / (args.rate or 99.0)
+    return args.interval / 1000 if args.interval is not None else 1 / (args.rate or DEFAULT_RATE_HZ)
 
 
-def _top_options(args: argparse.Namespace) -> TopOptions:
-    return TopOptions(
+def _run_top(args: argparse.Namespace, out: Console, err: Console) -> None:
+    from qmpprof.commands.top import TopOptions, run_top
+
+    options = TopOptions(
         target=_target_options(args),
         period_s=_period(args),
         refresh_s=args.refresh,
@@ -368,10 +375,57 @@ def _top_options(args: argparse.Namespace) -> TopOptions:
         include_idle=args.idle,
         nonblocking=args.nonblocking,
     )
+    _run_async(run_top(options, out))
 
 
-def _dump_options(args: argparse.Namespace) -> DumpOptions:
-    return DumpOptions(_target_options(args), as_json=args.json, lines=args.lines)
+def _run_dump(args: argparse.Namespace, out: Console, err: Console) -> None:
+    from qmpprof.commands.dump import DumpOptions, run_dump
+
+    options = DumpOptions(_target_options(args), as_json=args.json, lines=args.lines)
+    _run_async(run_dump(options, out))
+
+
+def _run_resume(args: argparse.Namespace, out: Console, err: Console) -> None:
+    from qmpprof.commands.resume import run_resume
+
+    _run_async(run_resume(args.qmp_socket, out))
+
+
+def _run_async(command: Coroutine[Any, Any, None]) -> None:
+    """Run a command that talks to QEMU (asyncio is imported by those only)."""
+    import asyncio
+
+    asyncio.run(command)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One `qmpprof COMMAND`: its arguments, and how it runs (importing its module then)."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, Console, Console], None]
+
+
+#: Every command, in the order `--help` lists them; `record` is the default.
+COMMANDS = (
+    Command(
+        "record", "sample for a while and write a profile (default)", _record_arguments, _run_record
+    ),
+    Command("dump", "print the current stack of every vCPU once", _dump_arguments, _run_dump),
+    Command(
+        "report", "write any output format from a .qmpcap capture", _report_arguments, _run_report
+    ),
+    Command("top", "a live view of the hottest functions and processes", _top_arguments, _run_top),
+    Command(
+        "resume",
+        "resume a VM that a qmpprof which was killed left paused",
+        _resume_arguments,
+        _run_resume,
+    ),
+)
+_COMMANDS_BY_NAME = {command.name: command for command in COMMANDS}
 
 
 class _OneLineParser(argparse.ArgumentParser):

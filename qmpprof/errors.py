@@ -1,4 +1,29 @@
-"""Errors qmpprof raises. Only the CLI turns them into messages and exit codes."""
+"""Every error qmpprof raises on purpose. Only the CLI turns them into messages and exit codes.
+
+The whole tree (`python -c "import qmpprof.errors"` imports nothing else of qmpprof):
+
+    QmpprofError                 one line for the user (cli.py prints it, exit 1)
+    ├── ConnectionFailed         the socket is missing, silent, or not QMP
+    ├── TargetGone               QEMU closed the connection
+    ├── CommandFailed            QEMU refused a command or did not answer in time
+    ├── MonitorStuck             the monitor stopped answering; the VM resumed on a new connection
+    ├── ResumeFailed             qmpprof paused the VM and could not resume it (`qmpprof resume`)
+    ├── TickOverrun              a tick outlived its budget (abandoned, VM resumed, counted)
+    ├── RegisterParseError       `info registers` text of an unknown shape
+    ├── DirectMemoryUnavailable  guest RAM cannot be read from this host (auto falls back)
+    ├── MemoryFault              guest memory that cannot be read (ends one unwind, not the run)
+    ├── BadElf                   a binary that is missing or cannot be read
+    ├── BadCfi                   call-frame information that cannot be decoded
+    ├── UnsupportedExpression    a CFI expression the evaluator does not handle (ends one unwind)
+    ├── BadCapture               a .qmpcap without a readable header
+    │   └── BadRecord            one record that does not check (the reader stops before it)
+    ├── OutputError              an output that cannot be written
+    ├── KernelMismatch           the --kernel ELF does not name the guest's PCs
+    └── UsageError               the command line asked for something inconsistent
+
+Two private exceptions never leave their module: `_Stop` (unwind/unwinder.py) ends an
+unwind with its StopReason, `_Broken` (record/qmpcap_read.py) ends reading a capture.
+"""
 
 from __future__ import annotations
 
@@ -31,6 +56,14 @@ class CommandFailed(QmpprofError):
 
 class RegisterParseError(QmpprofError):
     """`info registers` output did not have the shape we expect."""
+
+
+class DirectMemoryUnavailable(QmpprofError):
+    """Guest RAM cannot be read directly from this host (the reason says why)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"cannot read guest memory directly: {reason}")
+        self.reason = reason
 
 
 class MemoryFault(QmpprofError):
@@ -69,6 +102,10 @@ class BadCfi(QmpprofError):
     section) its unwind information, never the whole module."""
 
 
+class UnsupportedExpression(QmpprofError):
+    """A CFI expression uses an operation (or shape) this evaluator does not handle."""
+
+
 class TickOverrun(QmpprofError):
     """A tick outlived its time budget: abandoned (the VM resumed if we paused it)."""
 
@@ -83,3 +120,8 @@ class MonitorStuck(QmpprofError):
 
 class BadCapture(QmpprofError):
     """A capture file that is missing, not a qmpcap, or damaged before its first sample."""
+
+
+class BadRecord(BadCapture):
+    """A header or sample record that is not what the writer writes: the reader keeps
+    the samples before it and says why it stopped."""

@@ -1,7 +1,8 @@
 """The data that flows through qmpprof: small frozen types that import nothing internal.
 
 A `RawSample` is what one tick captured from one vCPU; everything downstream
-(unwinding, symbolization, aggregation, output) is computed from it.
+(unwinding, symbolization, aggregation, output) is computed from it. `RecordStats` is
+what the sampling loop counted, read by the progress line, the summary and `top`.
 """
 
 from __future__ import annotations
@@ -254,3 +255,66 @@ class Recording:
     qmp_socket: str = ""
     kernel: str | None = None
     command_line: str = ""
+
+
+class EndReason(Enum):
+    """Why a recording ended before its duration (a stop asked for by its caller, or
+    a duration run out, leaves `RecordStats.ended_by` None)."""
+
+    QEMU_EXITED = "qemu-exited"
+    #: qmpprof paused the VM and could not resume it.
+    RESUME_FAILED = "resume-failed"
+    #: The monitor stopped answering; the VM was resumed on a new connection.
+    MONITOR_STUCK = "monitor-stuck"
+    #: Ticks in a row outlived their time budget.
+    TICKS_OVERRAN = "ticks-overran"
+    #: Ticks in a row failed.
+    TICKS_FAILED = "ticks-failed"
+    #: A signal (Ctrl-C, SIGTERM, a hang-up) stopped it.
+    INTERRUPTED = "interrupted"
+
+
+@dataclass(frozen=True)
+class Ending:
+    """A recording's EndReason with what the reason alone does not say; str() is the
+    line the user reads."""
+
+    reason: EndReason
+    #: The error's message, or the signal's name.
+    detail: str = ""
+    #: How many ticks in a row, for TICKS_OVERRAN and TICKS_FAILED.
+    count: int = 0
+
+    def __str__(self) -> str:
+        if self.reason is EndReason.QEMU_EXITED:
+            return "QEMU exited"
+        if self.reason is EndReason.TICKS_OVERRAN:
+            return f"{self.count} ticks in a row outlived their budget"
+        if self.reason is EndReason.TICKS_FAILED:
+            return f"{self.count} failed samples in a row ({self.detail})"
+        if self.reason is EndReason.INTERRUPTED:
+            return f"interrupted ({self.detail})"
+        return self.detail  # the error's own message says what happened
+
+
+@dataclass
+class RecordStats:
+    """What happened during a recording, for the progress line and the summary."""
+
+    requested: int = 0
+    ticks: int = 0
+    samples: int = 0
+    late: int = 0
+    missed: int = 0
+    failed: int = 0
+    skipped_paused: int = 0
+    #: Ticks abandoned, the VM resumed, because they outlived their time budget.
+    abandoned: int = 0
+    paused_s: float = 0.0
+    elapsed_s: float = 0.0
+    ended_by: Ending | None = None
+    last_error: str | None = None
+
+    @property
+    def rate_hz(self) -> float:
+        return self.ticks / self.elapsed_s if self.elapsed_s > 0 else 0.0

@@ -50,7 +50,7 @@ class Profile:
     """Counts of stacks, root first: the process label, then frame labels.
 
     Every sample is counted in `modes`; idle samples enter `stacks` only with
-    include_idle, and samples outside the scope not at all (`filtered`).
+    include_idle, and samples with no frame in the scope not at all.
     """
 
     include_idle: bool = False
@@ -59,7 +59,6 @@ class Profile:
     modes: Counter[Mode] = field(default_factory=Counter)
     processes: Counter[str] = field(default_factory=Counter)
     unsymbolized: Counter[Unsymbolized] = field(default_factory=Counter)
-    filtered: int = 0
     torn: int = 0
     #: Samples whose analysis failed (a bug, reported in the summary instead of a crash).
     unanalysed: int = 0
@@ -74,7 +73,6 @@ class Profile:
             return
         frames = frames_in_scope(sample, self.scope)
         if not frames:
-            self.filtered += 1
             return
         label = sample.label()
         self.processes[label] += 1

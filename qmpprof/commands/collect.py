@@ -13,14 +13,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
-
 from qmpprof.analysis import Analyzer
+from qmpprof.console import Console
 from qmpprof.errors import OutputError
 from qmpprof.model import CapturedSample, Recording, Sample
 from qmpprof.output.writers import Format, temporary_beside, write_profile
 from qmpprof.profile import Profile
-from qmpprof.record.capfile import CaptureWriter
+from qmpprof.record.qmpcap import CaptureWriter
 from qmpprof.symbols.coverage import KernelCoverage
 
 

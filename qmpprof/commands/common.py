@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qmpprof.analysis import Analyzer
+from qmpprof.defaults import DEFAULT_MAX_DEPTH, DEFAULT_STACK_BYTES
 from qmpprof.guest.adapter import GenericAdapter, OsAdapter
 from qmpprof.guest.example import ExampleGuestAdapter
 from qmpprof.modules import load_module, load_user_modules
@@ -24,8 +25,8 @@ class TargetOptions:
     user_files: tuple[Path, ...] = ()
     memory: str = "auto"
     mem_path: str | None = None
-    stack_bytes: int = 16 * 1024
-    max_depth: int = 128
+    stack_bytes: int = DEFAULT_STACK_BYTES
+    max_depth: int = DEFAULT_MAX_DEPTH
     unwind: Strategy = Strategy.AUTO
     cpus: tuple[int, ...] = field(default=())
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rich.console import Console
-
 from qmpprof.commands.common import TargetOptions, build_analyzer, module_paths
 from qmpprof.commands.connect import connected
+from qmpprof.console import Console
 from qmpprof.errors import KernelMismatch, UsageError
 from qmpprof.output.dump import dump_json, dump_text
 from qmpprof.symbols.coverage import KernelCoverage

@@ -12,9 +12,6 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
-from rich.text import Text
-
 from qmpprof.commands.collect import (
     CaptureOutput,
     Collector,
@@ -25,14 +22,16 @@ from qmpprof.commands.collect import (
 )
 from qmpprof.commands.common import TargetOptions, build_analyzer, cfi_problems
 from qmpprof.commands.connect import connected
+from qmpprof.console import Console, say
+from qmpprof.console.progress import RecordProgress
+from qmpprof.console.summary import render_summary
+from qmpprof.defaults import DEFAULT_RATE_HZ
 from qmpprof.errors import KernelMismatch
-from qmpprof.model import CapturedSample, Recording
-from qmpprof.output.progress import RecordProgress
-from qmpprof.output.summary import render_summary
+from qmpprof.model import CapturedSample, Ending, EndReason, Recording, RecordStats
 from qmpprof.output.writers import Format
 from qmpprof.profile import Profile, Scope
 from qmpprof.record.backlog import Backlog
-from qmpprof.record.sampler import LoopConfig, ProgressSink, RecordStats, sample_loop
+from qmpprof.record.sampler import LoopConfig, ProgressSink, sample_loop
 from qmpprof.visible import visible
 
 
@@ -41,7 +40,7 @@ class RecordOptions:
     target: TargetOptions
     outputs: tuple[tuple[Path, Format], ...] = ((Path("profile.folded"), Format.FOLDED),)
     duration_s: float | None = 10.0
-    period_s: float = 1 / 99
+    period_s: float = 1 / DEFAULT_RATE_HZ
     include_idle: bool = False
     scope: Scope = Scope.ALL
     capture_memory: bool = False
@@ -70,7 +69,7 @@ async def run_record(options: RecordOptions, out: Console, err: Console) -> None
             collector = Collector(analyzer, Profile(options.include_idle, options.scope), captures)
             stats = await _record(options, collector, stop, err)
         if received and stats.ended_by is None:
-            stats.ended_by = f"interrupted ({received[0].name})"
+            stats.ended_by = Ending(EndReason.INTERRUPTED, received[0].name)
         written = _write(options, collector, captures, stats, recording)
         _finish(options, collector, stats, written, out)
 
@@ -140,20 +139,17 @@ def _describe(memory: object) -> str:
 def _announce(options: RecordOptions, collector: Collector, memory: str, err: Console) -> None:
     analyzer = collector.analyzer
     if not analyzer.has_kernel_symbols:
-        err.print(
-            "warning: no kernel symbols (--kernel): frames will be raw addresses", soft_wrap=True
-        )
+        say(err, "warning: no kernel symbols (--kernel): frames will be raw addresses")
     if options.verbose:
         users = ", ".join(sorted(analyzer.users)) or "none"
-        err.print(
+        say(
+            err,
             f"memory backend: {memory}; OS adapter: {analyzer.adapter.name}; "
             f"user binaries: {users}",
-            soft_wrap=True,
-            markup=False,
         )
         for line in cfi_problems(analyzer, compile_all=True):
-            err.print(Text(f"warning: {visible(line)}"), soft_wrap=True)
-    err.print(_start_line(options), soft_wrap=True, markup=False)
+            say(err, f"warning: {visible(line)}")
+    say(err, _start_line(options))
 
 
 def _write(

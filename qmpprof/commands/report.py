@@ -5,16 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
-
 from qmpprof.commands.collect import Collector, check_writable, raise_for_failures, show_written
 from qmpprof.commands.common import TargetOptions, build_analyzer
+from qmpprof.console import Console, say, stderr_console
+from qmpprof.console.summary import render_profile
 from qmpprof.errors import UsageError
 from qmpprof.model import CapturedSample
-from qmpprof.output.summary import render_profile
 from qmpprof.output.writers import Format
 from qmpprof.profile import Profile, Scope
-from qmpprof.record.capfile import Capture, read_capture
+from qmpprof.record.qmpcap import Capture, read_capture
 
 
 @dataclass(frozen=True)
@@ -41,8 +40,7 @@ def run_report(options: ReportOptions, out: Console, err: Console | None = None)
     with read_capture(options.capture) as capture:
         collector = _replay(options, capture)
     if capture.damage is not None:
-        warn = err or Console(stderr=True, highlight=False)
-        warn.print(f"warning: {capture.damage}", soft_wrap=True, markup=False)
+        say(err or stderr_console(), f"warning: {capture.damage}")
     written = collector.write_outputs(options.outputs, capture.recording)
     show_written(written, out)
     render_profile(collector.profile, out)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from rich.console import Console
-
+from qmpprof.console import Console, say
 from qmpprof.errors import UsageError
 from qmpprof.target.marker import PauseMarker
 from qmpprof.target.qmp import QmpSession
@@ -30,6 +29,6 @@ async def run_resume(qmp_socket: str, out: Console) -> None:
             raise UsageError(
                 f"nothing to resume: no qmpprof that died left this VM paused (it is {status})"
             )
-        out.print(message, markup=False, highlight=False, soft_wrap=True)
+        say(out, message)
     finally:
         await session.close()

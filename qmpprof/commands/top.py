@@ -11,24 +11,23 @@ import tty
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from rich.console import Console
-from rich.live import Live
-
 from qmpprof.commands.common import TargetOptions, build_analyzer
 from qmpprof.commands.connect import connected
 from qmpprof.commands.record import stop_on_signals
+from qmpprof.console import Console, say
+from qmpprof.console.top import ViewState, live_screen, plain_snapshot, render
+from qmpprof.defaults import DEFAULT_RATE_HZ
 from qmpprof.errors import QmpprofError
-from qmpprof.model import CapturedSample
-from qmpprof.output.top import ViewState, plain_snapshot, render
+from qmpprof.model import CapturedSample, RecordStats
 from qmpprof.record.backlog import Backlog
-from qmpprof.record.sampler import LoopConfig, RecordStats, sample_loop
+from qmpprof.record.sampler import LoopConfig, sample_loop
 from qmpprof.top_stats import SortKey, TopStats
 
 
 @dataclass(frozen=True)
 class TopOptions:
     target: TargetOptions
-    period_s: float = 1 / 99
+    period_s: float = 1 / DEFAULT_RATE_HZ
     refresh_s: float = 1.0
     process: str | None = None
     include_idle: bool = False
@@ -100,12 +99,12 @@ async def _display(
     if not out.is_terminal:
         while not await _wait(stop, options.refresh_s):
             snapshot = plain_snapshot(stats, latest(), state, title)
-            out.print(snapshot + "\n", markup=False, highlight=False, soft_wrap=True)
+            say(out, snapshot + "\n")
         return
-    with Live(console=out, screen=True, auto_refresh=False) as live:
+    with live_screen(out) as show:
         while not await _wait(stop, min(options.refresh_s, 0.2)):
             if not state.paused:
-                live.update(render(stats, latest(), state, title), refresh=True)
+                show(render(stats, latest(), state, title))
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> bool:

@@ -1,5 +1,8 @@
 """Which output format a file gets, and writing a finished profile in it.
 
+The formats are one list, `FORMATS`: a format plugs in as its module, a `Format` member
+and one `OutputFormat` line (its file-name endings and its `ProfileWriter`).
+
 Every profile file is written atomically: into a temporary file beside it, flushed to
 disk, then renamed over the name asked for. A reader (or a crash, or a full disk) sees
 the old file or the whole new one, never half of one; a failure removes the temporary.
@@ -7,18 +10,21 @@ the old file or the whole new one, never half of one; a failure removes the temp
 
 from __future__ import annotations
 
+import importlib
 import os
 import secrets
 import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Protocol
 
 from qmpprof.errors import UsageError
 from qmpprof.model import Recording, Sample
 from qmpprof.output.folded import write_folded
-from qmpprof.profile import Profile
+from qmpprof.profile import Profile, Scope
 
 
 class Format(Enum):
@@ -29,15 +35,65 @@ class Format(Enum):
     QMPCAP = "qmpcap"
 
 
-_SUFFIXES = (
-    (".speedscope.json", Format.SPEEDSCOPE),
-    (".qmpcap", Format.QMPCAP),
-    (".pb.gz", Format.PPROF),
-    (".pb", Format.PPROF),
-    (".svg", Format.SVG),
-    (".folded", Format.FOLDED),
-    (".txt", Format.FOLDED),
+class ProfileWriter(Protocol):
+    """Writes a finished profile to `path`, replacing it; raises OSError."""
+
+    def __call__(
+        self, samples: Sequence[Sample], profile: Profile, recording: Recording, path: Path
+    ) -> None: ...
+
+
+class _SampleWriter(Protocol):
+    """The signature of the formats written sample by sample (speedscope, svg, pprof)."""
+
+    def __call__(
+        self,
+        samples: Sequence[Sample],
+        recording: Recording,
+        path: Path,
+        scope: Scope,
+        include_idle: bool,
+    ) -> None: ...
+
+
+def _folded(samples: Sequence[Sample], profile: Profile, recording: Recording, path: Path) -> None:
+    write_folded(profile, path)
+
+
+def _from_samples(module: str, function: str) -> ProfileWriter:
+    """The writer `function` of `qmpprof.output.<module>`, imported when first used: each
+    costs tens of milliseconds to import, which a recording need not pay for formats it
+    does not write."""
+
+    def write(
+        samples: Sequence[Sample], profile: Profile, recording: Recording, path: Path
+    ) -> None:
+        loaded = importlib.import_module(f"qmpprof.output.{module}")
+        writer: _SampleWriter = getattr(loaded, function)
+        writer(samples, recording, path, profile.scope, profile.include_idle)
+
+    return write
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    format: Format
+    #: File-name endings that pick this format (lower case).
+    suffixes: tuple[str, ...]
+    #: None: not written from a finished profile (a capture is written while recording).
+    write: ProfileWriter | None
+
+
+FORMATS = (
+    OutputFormat(Format.FOLDED, (".folded", ".txt"), _folded),
+    OutputFormat(
+        Format.SPEEDSCOPE, (".speedscope.json",), _from_samples("speedscope", "write_speedscope")
+    ),
+    OutputFormat(Format.SVG, (".svg",), _from_samples("flamegraph", "write_flamegraph")),
+    OutputFormat(Format.PPROF, (".pb.gz", ".pb"), _from_samples("pprof", "write_pprof")),
+    OutputFormat(Format.QMPCAP, (".qmpcap",), None),
 )
+_BY_FORMAT = {output.format: output for output in FORMATS}
 
 
 def infer_format(path: Path, explicit: str | None) -> Format:
@@ -45,7 +101,10 @@ def infer_format(path: Path, explicit: str | None) -> Format:
     if explicit is not None:
         return Format(explicit)
     name = path.name.lower()
-    return next((fmt for suffix, fmt in _SUFFIXES if name.endswith(suffix)), Format.FOLDED)
+    return next(
+        (o.format for o in FORMATS if any(name.endswith(suffix) for suffix in o.suffixes)),
+        Format.FOLDED,
+    )
 
 
 def write_profile(
@@ -58,34 +117,11 @@ def write_profile(
     """Write a finished profile (any format but the streamed qmpcap) atomically.
 
     Raises UsageError for qmpcap, OSError when the file cannot be written."""
-    if fmt is Format.QMPCAP:
+    write = _BY_FORMAT[fmt].write
+    if write is None:
         raise UsageError(f"{fmt.value} is written while recording, not from a profile")
     with replaced_atomically(path) as temporary:
-        _write_format(fmt, samples, profile, recording, temporary)
-
-
-def _write_format(
-    fmt: Format,
-    samples: Sequence[Sample],
-    profile: Profile,
-    recording: Recording,
-    path: Path,
-) -> None:
-    scope, idle = profile.scope, profile.include_idle
-    if fmt is Format.FOLDED:
-        write_folded(profile, path)
-    elif fmt is Format.SPEEDSCOPE:
-        from qmpprof.output.speedscope import write_speedscope
-
-        write_speedscope(samples, recording, path, scope, idle)
-    elif fmt is Format.SVG:
-        from qmpprof.output.flamegraph import write_flamegraph
-
-        write_flamegraph(samples, recording, path, scope, idle)
-    elif fmt is Format.PPROF:
-        from qmpprof.output.pprof import write_pprof
-
-        write_pprof(samples, recording, path, scope, idle)
+        write(samples, profile, recording, temporary)
 
 
 @contextmanager

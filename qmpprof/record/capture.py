@@ -14,13 +14,13 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 from qmpprof.analysis import Analyzer
+from qmpprof.defaults import DEFAULT_STACK_BYTES, PAGE_SIZE
 from qmpprof.model import CapturedSample, MemoryWindow, RawSample, RegisterSet
 from qmpprof.record.identify import AddressSpaceIdentifier
-from qmpprof.target.memory import PAGE_SIZE, MemoryBackend
+from qmpprof.target.memory import MemoryBackend
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.registers import parse_all
 
-DEFAULT_STACK_BYTES = 16 * 1024
 #: Also read this much below RSP: CFI may restore a register from a slot the leaf
 #: has already popped (GCC keeps the save rule until the `ret`), and GDB reads it.
 BELOW_RSP = 128

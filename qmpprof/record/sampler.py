@@ -9,7 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from qmpprof.errors import MonitorStuck, ResumeFailed, TargetGone, TickOverrun
-from qmpprof.model import CapturedSample
+from qmpprof.model import CapturedSample, Ending, EndReason
+from qmpprof.model import RecordStats as RecordStats  # the loop's result; bench/ imports it here
 from qmpprof.record.capture import Capturer
 from qmpprof.record.schedule import Schedule
 from qmpprof.target.pause import PauseHold
@@ -27,29 +28,6 @@ PRIME_LEAD_S = 0.0005
 #: (the VM resumed): a monitor that slow would otherwise hold the VM paused for it.
 TICK_BUDGET_S = 1.0
 TICK_BUDGET_PERIODS = 4
-
-
-@dataclass
-class RecordStats:
-    """What happened during a recording, for the progress line and the summary."""
-
-    requested: int = 0
-    ticks: int = 0
-    samples: int = 0
-    late: int = 0
-    missed: int = 0
-    failed: int = 0
-    skipped_paused: int = 0
-    #: Ticks abandoned, the VM resumed, because they outlived their time budget.
-    abandoned: int = 0
-    paused_s: float = 0.0
-    elapsed_s: float = 0.0
-    ended_by: str | None = None
-    last_error: str | None = None
-
-    @property
-    def rate_hz(self) -> float:
-        return self.ticks / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -121,17 +99,19 @@ async def _one_tick(
         else:
             samples = await paused_capture(session, capturer, stats, budget_s)
     except TargetGone:
-        stats.ended_by = "QEMU exited"
+        stats.ended_by = Ending(EndReason.QEMU_EXITED)
         return failures
     except (ResumeFailed, MonitorStuck) as err:
         stats.failed += 1
-        stats.ended_by = stats.last_error = str(err)
+        stats.last_error = str(err)
+        lost = EndReason.RESUME_FAILED if isinstance(err, ResumeFailed) else EndReason.MONITOR_STUCK
+        stats.ended_by = Ending(lost, str(err))
         return failures + 1
     except TickOverrun as err:
         stats.abandoned += 1
         stats.last_error = str(err)
         if failures + 1 >= MAX_CONSECUTIVE_FAILURES:
-            stats.ended_by = f"{MAX_CONSECUTIVE_FAILURES} ticks in a row outlived their budget"
+            stats.ended_by = Ending(EndReason.TICKS_OVERRAN, count=MAX_CONSECUTIVE_FAILURES)
         return failures + 1
     except Exception as err:
         # A failed command, or a bug while analysing one sample's memory needs: the tick
@@ -139,7 +119,7 @@ async def _one_tick(
         stats.failed += 1
         stats.last_error = str(err)
         if failures + 1 >= MAX_CONSECUTIVE_FAILURES:
-            stats.ended_by = f"{MAX_CONSECUTIVE_FAILURES} failed samples in a row ({err})"
+            stats.ended_by = Ending(EndReason.TICKS_FAILED, str(err), MAX_CONSECUTIVE_FAILURES)
         return failures + 1
     if samples is not None:
         stats.ticks += 1

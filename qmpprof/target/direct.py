@@ -8,7 +8,7 @@ Two sources of guest physical memory, both found through QMP once at start:
          addresses); needs the permission to ptrace QEMU.
 Either way `info mtree -f` says which guest physical ranges are RAM and where each
 lies in its RAM block (RAM above 4 GiB continues the block after the PCI hole), and
-virtual addresses are translated by walking the vCPU's page tables (qmpprof.paging).
+virtual addresses are translated by walking the vCPU's page tables (target/paging.py).
 """
 
 from __future__ import annotations
@@ -23,19 +23,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from qmpprof.errors import MemoryFault
+from qmpprof.errors import DirectMemoryUnavailable, MemoryFault
 from qmpprof.model import RegisterSet
-from qmpprof.paging import PagingState, VirtualMemory
-from qmpprof.target.memory import parse_hmp_words
+from qmpprof.target.paging import PagingState, VirtualMemory
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.ram_layout import (
-    DirectMemoryUnavailable,
     RamBlock,
     RamRange,
     parse_flat_ram,
     parse_gpa2hva,
     parse_ramblocks,
 )
+from qmpprof.target.xdump import parse_hmp_words
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _VERIFY_BYTES = 32
@@ -58,7 +57,7 @@ _NOWHERE = Segment(1, 0, 0, "")
 
 
 class SegmentedMemory:
-    """Guest physical memory (a qmpprof.paging.PhysicalReader): sorted segments, each
+    """Guest physical memory (a target.paging.PhysicalReader): sorted segments, each
     read from one source; anything outside them, or a failed source read, faults."""
 
     detail = "no source"

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
-from qmpprof.errors import CommandFailed, UsageError
+from qmpprof.defaults import PAGE_SIZE
+from qmpprof.errors import CommandFailed, DirectMemoryUnavailable, UsageError
 from qmpprof.model import RegisterSet
 from qmpprof.target.qmp import QmpSession
+from qmpprof.target.xdump import parse_hmp_words
 
-PAGE_SIZE = 4096
 #: The most one QMP command reads: a window is read in commands of at most this much,
 #: so that one command never holds QEMU's monitor for long and a tick that outlives its
 #: budget is abandoned between two of them (an `x` of 32 KiB is ~75 KB of text and a
@@ -29,7 +29,6 @@ PAGE_SIZE = 4096
 HMP_CHUNK = 32 * 1024
 MEMSAVE_CHUNK = 256 * 1024
 _ADDRESS_SPACE_END = 1 << 64
-_HMP_LINE = re.compile(r"^([0-9a-f]+):((?: 0x[0-9a-f]{16})+)\s*$")
 
 
 class MemoryBackend(Protocol):
@@ -138,8 +137,7 @@ async def open_memory(session: QmpSession, kind: str, mem_path: str | None = Non
     if kind == "hmp":
         return HmpMemory(session)
     if kind in ("direct", "auto"):
-        from qmpprof.target.direct import open_direct
-        from qmpprof.target.ram_layout import DirectMemoryUnavailable
+        from qmpprof.target.direct import open_direct  # mmap, sockets: only when asked
 
         try:
             return await open_direct(session, mem_path)
@@ -178,18 +176,6 @@ async def _in_chunks(
         data += piece
         if len(piece) < want:
             break
-    return bytes(data)
-
-
-def parse_hmp_words(text: str, address: int) -> bytes:
-    """The bytes of an `x /Ngx` listing that form one run from `address` (stops at a gap)."""
-    data = bytearray()
-    for line in text.splitlines():
-        match = _HMP_LINE.match(line)
-        if match is None or int(match.group(1), 16) != address + len(data):
-            break
-        for word in match.group(2).split():
-            data += int(word, 16).to_bytes(8, "little")
     return bytes(data)
 
 

@@ -113,7 +113,7 @@ async def resume(session: QmpSession) -> None:
             pass  # timed out (or refused): try afresh
     await session.close()
     try:
-        await _cont_on_fresh_connection(session.path)
+        await _cont_on_fresh_connection(session)
     except TargetGone:
         raise
     except QmpprofError as err:
@@ -125,11 +125,11 @@ async def resume(session: QmpSession) -> None:
     raise MonitorStuck("QEMU's monitor stopped answering; the VM was resumed on a new connection")
 
 
-async def _cont_on_fresh_connection(path: str) -> None:
-    from qmpprof.target.qmp import QmpSession
-
+async def _cont_on_fresh_connection(session: QmpSession) -> None:
+    """`cont` on a second connection to the same socket (the session's own class opens it:
+    this module and target/qmp.py do not import each other at run time)."""
     async with asyncio.timeout(RECONNECT_TIMEOUT_S + 1):
-        fresh = await QmpSession.connect(path, RECONNECT_TIMEOUT_S)
+        fresh = await type(session).connect(session.path, RECONNECT_TIMEOUT_S)
         try:
             status = await fresh.execute("query-status")
             if status.get("status") == "paused":

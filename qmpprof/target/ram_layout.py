@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from qmpprof.errors import QmpprofError
+from qmpprof.errors import DirectMemoryUnavailable
 
 _FLATVIEW = re.compile(r"^FlatView #\d+\s*$", re.MULTILINE)
 _FLAT_RANGE = re.compile(
@@ -19,14 +19,6 @@ _RAMBLOCK = re.compile(
     r"^\s*(\S+)\s+\d+ [KMGT]?i?B\s+0x([0-9a-f]+)\s+0x([0-9a-f]+)\s+0x([0-9a-f]+)\s*$"
 )
 _GPA2HVA = re.compile(r"Host virtual address for 0x([0-9a-f]+) \((.*)\) is (?:0x)?([0-9a-f]+)")
-
-
-class DirectMemoryUnavailable(QmpprofError):
-    """Guest RAM cannot be read directly from this host (the reason says why)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"cannot read guest memory directly: {reason}")
-        self.reason = reason
 
 
 @dataclass(frozen=True)

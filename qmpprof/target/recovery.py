@@ -12,11 +12,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from qmpprof.errors import UsageError
+from qmpprof.errors import DirectMemoryUnavailable, UsageError
 from qmpprof.target.direct import qemu_pid
 from qmpprof.target.marker import PauseMarker, Process
 from qmpprof.target.qmp import QmpSession
-from qmpprof.target.ram_layout import DirectMemoryUnavailable
 
 #: Stands for a QEMU we cannot identify (another PID namespace): never matches one.
 _UNKNOWN = Process(0, 0)

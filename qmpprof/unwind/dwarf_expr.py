@@ -11,17 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from qmpprof.errors import BadCfi, QmpprofError
+from qmpprof.errors import BadCfi, UnsupportedExpression
 from qmpprof.memory import MemoryReader
 from qmpprof.unwind.cfi_entries import Reader
 
 MASK = (1 << 64) - 1
 MAX_STACK = 64
 MAX_STEPS = 256
-
-
-class UnsupportedExpression(QmpprofError):
-    """A CFI expression uses an operation (or shape) this evaluator does not handle."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,6 @@ from __future__ import annotations
 from qmpprof.errors import MemoryFault
 from qmpprof.memory import MemoryReader
 
-DEFAULT_MAX_DEPTH = 128
-
 _PUSH_RBP = b"\x55"
 _ENDBR64 = b"\xf3\x0f\x1e\xfa"
 _RET = b"\xc3"

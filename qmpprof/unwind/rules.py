@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from qmpprof.errors import MemoryFault
+from qmpprof.errors import MemoryFault, UnsupportedExpression
 from qmpprof.memory import MemoryReader
-from qmpprof.unwind.dwarf_expr import Expression, UnsupportedExpression, evaluate
+from qmpprof.unwind.dwarf_expr import Expression, evaluate
 
 #: Index = DWARF register number.
 DWARF_REGISTER_NAMES = (

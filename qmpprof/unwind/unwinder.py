@@ -11,11 +11,11 @@ from __future__ import annotations
 from enum import Enum
 from typing import Protocol
 
-from qmpprof.errors import MemoryFault
+from qmpprof.defaults import DEFAULT_MAX_DEPTH
+from qmpprof.errors import MemoryFault, UnsupportedExpression
 from qmpprof.memory import MemoryReader
 from qmpprof.model import FrameAddress, FrameKind, Recovery, RegisterSet, StopReason, UnwoundStack
-from qmpprof.unwind.dwarf_expr import UnsupportedExpression
-from qmpprof.unwind.framepointer import DEFAULT_MAX_DEPTH, frame_pointer_step, leaf_return_slot
+from qmpprof.unwind.framepointer import frame_pointer_step, leaf_return_slot
 from qmpprof.unwind.rules import DWARF_REGISTER_NAMES, RBP, REGISTER_COUNT, RIP, RSP, UnwindRow
 
 

@@ -18,13 +18,13 @@ from elftools.elf.elffile import ELFFile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qmpprof.errors import BadCfi, MemoryFault
+from qmpprof.errors import BadCfi, MemoryFault, UnsupportedExpression
 from qmpprof.memory import WindowMemory
 from qmpprof.model import MemoryWindow, StopReason
 from qmpprof.unwind.cfi import CfiTable, load_cfi
 from qmpprof.unwind.cfi_entries import FdeEntry, parse_section
 from qmpprof.unwind.cfi_program import compile_fde
-from qmpprof.unwind.dwarf_expr import UnsupportedExpression, decode_expression, evaluate
+from qmpprof.unwind.dwarf_expr import decode_expression, evaluate
 from qmpprof.unwind.rules import REGISTER_COUNT, RIP, RSP
 from qmpprof.unwind.unwinder import Strategy, unwind
 from tests.fuzz.budget import cases, counted

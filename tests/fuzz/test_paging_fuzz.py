@@ -10,8 +10,9 @@ import struct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from qmpprof.defaults import PAGE_SIZE
 from qmpprof.errors import MemoryFault
-from qmpprof.paging import MAX_READ_BYTES, PAGE_SIZE, PagingState, VirtualMemory
+from qmpprof.target.paging import MAX_READ_BYTES, PagingState, VirtualMemory
 from tests.fuzz.budget import cases, counted
 
 PAGES = 64  # of physical memory: small, so that random entries often point inside it

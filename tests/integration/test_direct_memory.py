@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from qmpprof.errors import MemoryFault
+from qmpprof.errors import DirectMemoryUnavailable, MemoryFault
 from qmpprof.model import RegisterSet
-from qmpprof.paging import PagingMode, PagingState
 from qmpprof.target.direct import (
     DirectMemory,
     SegmentedMemory,
@@ -27,8 +26,8 @@ from qmpprof.target.direct import (
     qemu_pid,
 )
 from qmpprof.target.memory import MemsaveMemory, as_qmp_int64
+from qmpprof.target.paging import PagingMode, PagingState
 from qmpprof.target.qmp import QmpSession
-from qmpprof.target.ram_layout import DirectMemoryUnavailable
 from qmpprof.target.registers import parse_all
 from tests.integration.conftest import Guest, running_guest, scratch_ram_file
 

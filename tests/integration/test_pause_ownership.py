@@ -24,6 +24,7 @@ import qmpprof.record.sampler as sampler
 import qmpprof.target.qmp as qmp
 from qmpprof.analysis import Analyzer
 from qmpprof.errors import MonitorStuck
+from qmpprof.model import EndReason
 from qmpprof.modules import load_module
 from qmpprof.record.capture import CaptureConfig, Capturer
 from qmpprof.record.sampler import LoopConfig, sample_loop
@@ -206,7 +207,8 @@ async def test_ticks_that_outlive_their_budget_are_abandoned_and_counted(
         config = LoopConfig(period_s=0.05, duration_s=0.5)
         stats = await sample_loop(session, capturer, config, asyncio.Event(), lambda _: None)
         assert stats.abandoned > 0 and stats.ticks == 0
-        assert stats.ended_by is not None and "budget" in stats.ended_by
+        assert stats.ended_by is not None and stats.ended_by.reason is EndReason.TICKS_OVERRAN
+        assert "budget" in str(stats.ended_by)
         assert await session.is_running()
     finally:
         await session.close()

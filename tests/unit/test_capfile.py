@@ -34,8 +34,8 @@ from qmpprof.model import (
     StopReason,
     UnwoundStack,
 )
-from qmpprof.record.capfile import CaptureWriter, read_capture
-from qmpprof.record.capschema import MAX_RECORD_BYTES, encode_header, encode_sample
+from qmpprof.record.qmpcap import CaptureWriter, read_capture
+from qmpprof.record.qmpcap_schema import MAX_RECORD_BYTES, encode_header, encode_sample
 from qmpprof.symbols.elf import load_symbols
 from qmpprof.target.registers import parse_all
 
@@ -328,7 +328,7 @@ FULL_DISK = """
 import resource, signal, sys
 from pathlib import Path
 from tests.unit.test_capfile import RECORDING, real_samples
-from qmpprof.record.capfile import CaptureWriter
+from qmpprof.record.qmpcap import CaptureWriter
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (6000, 6000))

@@ -22,7 +22,7 @@ from qmpprof.model import (
     StopReason,
     UnwoundStack,
 )
-from qmpprof.record.capfile import CaptureWriter
+from qmpprof.record.qmpcap import CaptureWriter
 from qmpprof.symbols.elf import load_symbols
 from qmpprof.target.registers import parse_all
 

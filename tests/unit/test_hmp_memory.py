@@ -5,7 +5,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qmpprof.target.memory import parse_hmp_words
+from qmpprof.target.xdump import parse_hmp_words
 
 DATA = Path(__file__).parent / "data"
 

@@ -21,6 +21,8 @@ import pytest
 from rich.console import Console
 
 from qmpprof.analysis import Analyzer
+from qmpprof.console import progress
+from qmpprof.console.top import ViewState, plain_snapshot, render
 from qmpprof.model import (
     CapturedSample,
     FrameAddress,
@@ -28,16 +30,14 @@ from qmpprof.model import (
     Process,
     RawSample,
     Recording,
+    RecordStats,
     Sample,
     StopReason,
     UnwoundStack,
 )
 from qmpprof.modules import load_module
-from qmpprof.output import progress
 from qmpprof.output.dump import dump_json, dump_text
-from qmpprof.output.top import ViewState, plain_snapshot, render
-from qmpprof.record.capfile import CaptureWriter
-from qmpprof.record.sampler import RecordStats
+from qmpprof.record.qmpcap import CaptureWriter
 from qmpprof.symbols.elf import load_symbols
 from qmpprof.symbols.lines import SourceLookup
 from qmpprof.target.registers import parse_all

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from qmpprof.errors import MemoryFault
 from qmpprof.model import RegisterSet
-from qmpprof.paging import (
+from qmpprof.target.paging import (
     MAX_READ_BYTES,
     PagingMode,
     PagingState,

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from qmpprof.errors import DirectMemoryUnavailable
 from qmpprof.target.ram_layout import (
-    DirectMemoryUnavailable,
     RamRange,
     parse_flat_ram,
     parse_gpa2hva,

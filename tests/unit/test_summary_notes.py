@@ -9,9 +9,9 @@ import pytest
 from rich.console import Console
 
 from qmpprof.commands.common import TargetOptions, build_analyzer, cfi_problems
-from qmpprof.output.summary import render_summary
+from qmpprof.console.summary import render_summary
+from qmpprof.model import RecordStats
 from qmpprof.profile import Profile
-from qmpprof.record.sampler import RecordStats
 from tests.unit.conftest import build_elf
 from tests.unit.test_cfi_instructions import ASSEMBLE
 

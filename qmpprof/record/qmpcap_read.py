@@ -2,7 +2,7 @@
 
 A capture may end early (the recording was killed, the disk filled), be damaged (a bad
 block), or be crafted. The reader walks its gzip members one by one, checks every
-record (record/capschema.py), and gives out a member's records only once the member's
+record (record/qmpcap_schema.py), and gives out a member's records only once the member's
 CRC-32 has checked: a damaged member costs its own records, never a wrong sample. A
 member cut short by the end of the file has no CRC-32 left, so its records are dropped
 too (a flipped byte can make a whole member look cut short); only a version-1 capture,
@@ -23,11 +23,10 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from qmpprof.errors import BadCapture
+from qmpprof.errors import BadCapture, BadRecord
 from qmpprof.model import CapturedSample, Recording
-from qmpprof.record.capschema import (
+from qmpprof.record.qmpcap_schema import (
     MAX_RECORD_BYTES,
-    BadRecord,
     decode_end,
     decode_header,
     decode_sample,

@@ -12,9 +12,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from qmpprof.model import Mode
+from qmpprof.model import Mode, RecordStats
 from qmpprof.profile import Profile
-from qmpprof.record.sampler import RecordStats
 from qmpprof.visible import visible
 
 SHOWN_FRAMES = 8
@@ -36,7 +35,7 @@ def render_summary(
         console.print(Text(f"last failure: {visible(stats.last_error)}"), soft_wrap=True)
     if stats.ended_by:
         console.print(
-            Text(f"recording ended early: {visible(stats.ended_by)}"),
+            Text(f"recording ended early: {visible(str(stats.ended_by))}"),
             style="yellow",
             soft_wrap=True,
         )

@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
+from qmpprof.defaults import PAGE_SHIFT, PAGE_SIZE
 from qmpprof.errors import MemoryFault
 from qmpprof.model import RegisterSet
 
-PAGE_SHIFT = 12
-PAGE_SIZE = 1 << PAGE_SHIFT
 _PAGE_OFFSET = PAGE_SIZE - 1
 _ADDRESS_SPACE_END = 1 << 64
 #: The most bytes one read may ask for: callers read stacks and structs, not gigabytes,

@@ -12,7 +12,7 @@ from types import TracebackType
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from qmpprof.record.sampler import RecordStats
+from qmpprof.model import RecordStats
 
 PLAIN_EVERY_S = 1.0
 

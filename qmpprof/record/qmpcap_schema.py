@@ -13,6 +13,7 @@ from dataclasses import asdict
 from enum import Enum
 from typing import Any, TypeVar
 
+from qmpprof.errors import BadRecord
 from qmpprof.model import (
     CapturedSample,
     FrameAddress,
@@ -36,7 +37,7 @@ READABLE_VERSIONS = (1, 2)
 #: most a few kilobytes without memory; with --capture-memory its windows fit in this
 #: (the writer leaves them out of a record that would not).
 MAX_RECORD_BYTES = 4 * 1024 * 1024
-#: Deepest stack a record holds (the unwinder's own default is 128).
+#: Deepest stack a record holds (far above DEFAULT_MAX_DEPTH and the --max-depth limit).
 MAX_FRAMES = 65536
 #: Memory windows per record: the stack and a few more (record/capture.py reads up to 4).
 MAX_WINDOWS = 16
@@ -52,10 +53,6 @@ MAX_DURATION_S = 1e9
 PERIOD_RANGE_S = (1e-6, 3600.0)
 
 U64 = (1 << 64) - 1
-
-
-class BadRecord(Exception):
-    """A header or sample record that is not what the writer writes."""
 
 
 def encode_header(recording: Recording) -> bytes:

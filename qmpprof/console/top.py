@@ -1,20 +1,22 @@
 """The live `top` view: a header and a table of the hottest functions or processes.
 
-The only module that draws with rich's live display; guest strings always go in as
+The only module that draws with rich's live display (`live_screen`); guest strings always go in as
 Text, never as markup, and through `visible`: a process named `\\x1b[2J` must not
 clear the screen it is listed on.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
-from rich.console import Group, RenderableType
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from qmpprof.model import Mode
-from qmpprof.record.sampler import RecordStats
+from qmpprof.model import Mode, RecordStats
 from qmpprof.top_stats import Row, SortKey, TopStats
 from qmpprof.visible import visible
 
@@ -41,9 +43,15 @@ class ViewState:
     processes: bool = False
     paused: bool = False
     help: bool = False
-    quit: bool = False
     rows: int = 15
-    frozen: RenderableType | None = field(default=None, repr=False)
+
+
+@contextmanager
+def live_screen(console: Console) -> Iterator[Callable[[RenderableType], None]]:
+    """The terminal's whole screen, redrawn with each screen given to the function yielded;
+    the terminal's own screen comes back on the way out."""
+    with Live(console=console, screen=True, auto_refresh=False) as live:
+        yield lambda screen: live.update(screen, refresh=True)
 
 
 def render(stats: TopStats, record: RecordStats, state: ViewState, title: str) -> RenderableType:
@@ -65,7 +73,7 @@ def plain_snapshot(stats: TopStats, record: RecordStats, state: ViewState, title
     lines = [_header(record, title), _modes(stats), _vcpus(stats)]
     lines.append(f"{'%Own':>6} {'%Total':>7} {'Own':>6} {'Total':>6}  Function (module)")
     for row in _rows(stats, state):
-        lines.append(_row_cells(stats, row, plain=True))
+        lines.append(_row_cells(stats, row))
     return "\n".join(lines)
 
 
@@ -133,7 +141,7 @@ def _row_name(row: Row, process: bool) -> str:
     return f"{visible(row.name)} ({visible(row.module)})"
 
 
-def _row_cells(stats: TopStats, row: Row, plain: bool) -> str:
+def _row_cells(stats: TopStats, row: Row) -> str:
     return (
         f"{stats.percent(row.own):6.1f} {stats.percent(row.total):7.1f} {row.own:6d} "
         f"{row.total:6d}  {_row_name(row, process=False)}"

@@ -3,7 +3,7 @@
 JSON lines, gzip-compressed: a header `{"format": "qmpcap", "version": 1, "recording":
 {...}}`, then one line per vCPU sample with its time, registers, address space,
 identified user binary, process, unwound addresses and stop reason, and (with
---capture-memory) the memory windows read for it (record/capschema.py). `qmpprof
+--capture-memory) the memory windows read for it (record/qmpcap_schema.py). `qmpprof
 report` re-symbolizes the addresses with the binaries it is given, or, with the
 windows, unwinds again.
 
@@ -12,7 +12,7 @@ header alone in the first, then about a second of samples in each, each appended
 one write once complete and synced to disk in the background, and last a closing record
 `{"end": {"samples": N}}`. So a recording killed (SIGKILL, power loss) leaves a file
 whose every sample up to its last complete member is readable, and whose missing closing
-record says it was cut short; report (record/capread.py) reads up to the last intact
+record says it was cut short; report (record/qmpcap_read.py) reads up to the last intact
 record and says what it dropped.
 """
 
@@ -28,8 +28,8 @@ from pathlib import Path
 
 from qmpprof.errors import BadCapture, OutputError
 from qmpprof.model import CapturedSample, Recording
-from qmpprof.record.capread import Capture, read_capture
-from qmpprof.record.capschema import encode_end, encode_header, encode_sample
+from qmpprof.record.qmpcap_read import Capture, read_capture
+from qmpprof.record.qmpcap_schema import encode_end, encode_header, encode_sample
 
 __all__ = ["BadCapture", "Capture", "CaptureWriter", "read_capture"]
 
