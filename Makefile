@@ -20,8 +20,8 @@ demo: deps guest  ## boot the example guest, profile it 10 s, write demo/, print
 test: deps guest consumers  ## run every test (unit, consumers, integration against a real QEMU)
 	$(BIN)/pytest -q tests
 
-unit: deps  ## unit tests only (no QEMU)
-	$(BIN)/pytest -q tests/unit
+unit: deps  ## unit tests only (no QEMU), without the slow sweeps (`make test` runs those)
+	$(BIN)/pytest -q -m 'not slow' tests/unit
 
 integration: deps guest  ## integration tests only (boots the example guest)
 	$(BIN)/pytest -q tests/integration

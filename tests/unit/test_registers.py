@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from qmpprof.errors import RegisterParseError
 from qmpprof.target import registers
 from qmpprof.target.registers import parse_all
+from tests.unit.properties import examples
 
 DATA = Path(__file__).parent / "data"
 
@@ -92,23 +93,25 @@ def test_an_unfamiliar_layout_parses_like_qemu_7s(name: str) -> None:
     assert parse_all(unfamiliar) == parse_all(text)
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    name=st.sampled_from(SAVED_DUMPS),
-    start=st.integers(min_value=0, max_value=3000),
-    length=st.integers(min_value=0, max_value=200),
-    inserted=st.text(alphabet="RAXCSEF0123456789abcdef= \n[]#", max_size=30),
-)
-def test_damaged_dumps_parse_or_raise_parse_error(
-    name: str, start: int, length: int, inserted: str
-) -> None:
-    text = saved_dump(name)
-    damaged = text[:start] + inserted + text[start + length :]
-    try:
-        cpus = parse_all(damaged)
-    except RegisterParseError:
-        return
-    assert all(cpu.bits in (16, 32, 64) for cpu in cpus)
+@pytest.mark.parametrize("examples", examples(300))
+def test_damaged_dumps_parse_or_raise_parse_error(examples: int) -> None:
+    @settings(max_examples=examples, deadline=None)
+    @given(
+        name=st.sampled_from(SAVED_DUMPS),
+        start=st.integers(min_value=0, max_value=3000),
+        length=st.integers(min_value=0, max_value=200),
+        inserted=st.text(alphabet="RAXCSEF0123456789abcdef= \n[]#", max_size=30),
+    )
+    def check(name: str, start: int, length: int, inserted: str) -> None:
+        text = saved_dump(name)
+        damaged = text[:start] + inserted + text[start + length :]
+        try:
+            cpus = parse_all(damaged)
+        except RegisterParseError:
+            return
+        assert all(cpu.bits in (16, 32, 64) for cpu in cpus)
+
+    check()
 
 
 def repetition_bounds(pattern: re.Pattern[str]) -> list[int]:
