@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import cast
 
 from qmpprof.memory import WindowMemory
 from qmpprof.model import MemoryWindow
@@ -46,5 +47,6 @@ def test_cfi_unwind_matches_gdb_at_every_instruction(
         if (ours := unwind_stop(stop, elf, Strategy.AUTO)) != stop["frames"]
     ]
     for gdb_frames, ours in wrong[:3]:
-        print(f"{name}\n  gdb:  {[hex(a) for a in gdb_frames]}\n  ours: {[hex(a) for a in ours]}")
+        gdb_hex = [hex(a) for a in cast(list[int], gdb_frames)]
+        print(f"{name}\n  gdb:  {gdb_hex}\n  ours: {[hex(a) for a in ours]}")
     assert not wrong, f"{len(wrong)} of {len(stops)} stops differ from GDB ({name})"

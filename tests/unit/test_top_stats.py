@@ -66,9 +66,15 @@ def test_idle_samples_show_only_when_asked() -> None:
     assert hidden.modes == shown.modes
 
 
-@pytest.mark.parametrize(("flag", "mode"), [("show_kernel", Mode.KERNEL), ("show_user", Mode.USER)])
-def test_hiding_a_mode_keeps_its_samples_in_the_mode_and_vcpu_counts(flag: str, mode: Mode) -> None:
-    stats = fed(TopStats(**{flag: False}))
+@pytest.mark.parametrize(
+    ("hiding", "mode"),
+    [(TopStats(show_kernel=False), Mode.KERNEL), (TopStats(show_user=False), Mode.USER)],
+    ids=["kernel", "user"],
+)
+def test_hiding_a_mode_keeps_its_samples_in_the_mode_and_vcpu_counts(
+    hiding: TopStats, mode: Mode
+) -> None:
+    stats = fed(hiding)
     assert stats.modes == Counter(s.mode for s in SAMPLES)
     kept = [s for s in SAMPLES if s.mode not in (mode, Mode.IDLE)]
     assert stats.own == Counter(keys(s)[0] for s in kept)
