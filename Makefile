@@ -39,10 +39,10 @@ bench: deps guest  ## benchmarks, TCG by default (ACCEL=kvm where KVM works); ea
 	$(BIN)/python bench/perturbation.py --accel $(ACCEL)
 	$(BIN)/python bench/max_rate.py --accel $(ACCEL)
 
-lint: deps  ## ruff (lint + format check) and mypy --strict
+lint: deps  ## ruff (lint + format check) and mypy --strict (the code, its tests and benchmarks)
 	$(BIN)/ruff check qmpprof tests $(wildcard bench)
 	$(BIN)/ruff format --check qmpprof tests $(wildcard bench)
-	$(BIN)/mypy qmpprof $(wildcard bench)
+	$(BIN)/mypy qmpprof tests $(wildcard bench)
 
 format: deps  ## reformat the code with ruff
 	$(BIN)/ruff format qmpprof tests $(wildcard bench)
