@@ -20,8 +20,8 @@ demo: deps guest  ## boot the example guest, profile it 10 s, write demo/, print
 test: deps guest consumers  ## run every test (unit, consumers, integration against a real QEMU)
 	$(BIN)/pytest -q tests
 
-unit: deps  ## unit tests only (no QEMU)
-	$(BIN)/pytest -q tests/unit
+unit: deps  ## unit tests only (no QEMU), without the slow sweeps (`make test` runs those)
+	$(BIN)/pytest -q -m 'not slow' tests/unit
 
 integration: deps guest  ## integration tests only (boots the example guest)
 	$(BIN)/pytest -q tests/integration
@@ -39,10 +39,10 @@ bench: deps guest  ## benchmarks, TCG by default (ACCEL=kvm where KVM works); ea
 	$(BIN)/python bench/perturbation.py --accel $(ACCEL)
 	$(BIN)/python bench/max_rate.py --accel $(ACCEL)
 
-lint: deps  ## ruff (lint + format check), mypy --strict and the layering rules
+lint: deps  ## ruff (lint + format check), mypy --strict (code, tests, benchmarks) and the layering rules
 	$(BIN)/ruff check qmpprof tests $(wildcard bench)
 	$(BIN)/ruff format --check qmpprof tests $(wildcard bench)
-	$(BIN)/mypy qmpprof $(wildcard bench)
+	$(BIN)/mypy qmpprof tests $(wildcard bench)
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit/test_layers.py
 
 format: deps  ## reformat the code with ruff

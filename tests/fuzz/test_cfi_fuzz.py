@@ -156,6 +156,7 @@ def static_elf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def static_table(static_elf: Path) -> tuple[CfiTable, list[int]]:
     with static_elf.open("rb") as stream:
         section = ELFFile(stream).get_section_by_name(".eh_frame")
+        assert section is not None
         starts = [f.start for f in parse_section(section.data(), section["sh_addr"], True).fdes]
     return load_cfi(static_elf), starts
 

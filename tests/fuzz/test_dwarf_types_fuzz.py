@@ -99,6 +99,7 @@ def test_example_adapter_over_random_guest_memory(
     except MemoryFault as fault:
         assert fault.size <= max(NAME_LIMIT, 8)
         return
+    assert process is not None
     assert len(process.name) <= NAME_LIMIT
 
 

@@ -1,7 +1,13 @@
-"""Build the small ELF files the unit tests read, from the .c sources in data/."""
+"""Build the small ELF files the unit tests read, from the .c sources in data/.
 
+Each (source, flags) is compiled once a session (a pristine copy kept until it ends).
+"""
+
+import atexit
+import functools
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,11 +15,30 @@ import pytest
 DATA = Path(__file__).parent / "data"
 
 
+#: (source, flags) -> a pristine copy of the ELF built from them: a second request copies
+#: it instead of running gcc again (a test may change or move the copy it gets).
+_BUILT: dict[tuple[str, tuple[str, ...]], Path] = {}
+
+
+@functools.cache
+def _built_dir() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="qmpprof-elf-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def build_elf(source: str, out_dir: Path, *flags: str) -> Path:
     if shutil.which("gcc") is None:
         pytest.fail("gcc is needed to build test ELF files (make test installs it)")
     output = out_dir / (Path(source).stem + "".join(flags).replace("-", "_") + ".elf")
-    subprocess.run(["gcc", *flags, "-o", str(output), str(DATA / source)], check=True)
+    pristine = _BUILT.get((source, flags))
+    if pristine is None:
+        subprocess.run(["gcc", *flags, "-o", str(output), str(DATA / source)], check=True)
+        pristine = _built_dir() / f"{len(_BUILT)}-{output.name}"
+        shutil.copy2(output, pristine)
+        _BUILT[(source, flags)] = pristine
+    else:
+        shutil.copy2(pristine, output)
     return output
 
 
@@ -63,7 +88,18 @@ def capture_with_gdb(
     return [json.loads(line) for line in output.read_text().splitlines()]
 
 
-@pytest.fixture(scope="session", params=sorted(CHAIN_BUILDS))
+#: The build `make unit` unwinds (its CFI has the most to say); GDB runs under each of the
+#: others for a second or so, so they are `slow`: `make test` runs every build.
+QUICK_CHAIN_BUILD = "O2-omit-fp"
+
+
+@pytest.fixture(
+    scope="session",
+    params=[
+        pytest.param(name, marks=() if name == QUICK_CHAIN_BUILD else pytest.mark.slow)
+        for name in sorted(CHAIN_BUILDS)
+    ],
+)
 def chain_capture(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[str, Path, list[dict[str, object]]]:

@@ -8,8 +8,9 @@ to $QMPPROF_OUTPUT.
 
 import json
 import os
+from typing import TextIO
 
-import gdb  # type: ignore[import-not-found]
+import gdb
 
 BELOW_RSP = 128
 #: In DWARF order, as qmpprof.unwind.rules numbers them; spelled out, not imported: this
@@ -56,12 +57,12 @@ def readable_prefix(address: int, size: int) -> bytes:
     return data
 
 
-def capture(stream, stack_bytes: int) -> None:
+def capture(stream: TextIO, stack_bytes: int) -> None:
     frame = gdb.newest_frame()
     registers = {name: int(frame.read_register(name)) & (2**64 - 1) for name in REGISTERS}
     base = registers["rsp"] - BELOW_RSP
     stack = readable_prefix(base, stack_bytes)
-    pcs = []
+    pcs: list[int] = []
     while frame is not None and len(pcs) < 64:
         pcs.append(int(frame.pc()))
         frame = frame.older()

@@ -3,13 +3,24 @@ deadline, everything at the end, and never more than MAX_PENDING samples waiting
 
 import time
 
-from qmpprof.model import RawSample, RegisterSet
+from qmpprof.model import (
+    CapturedSample,
+    FrameAddress,
+    FrameKind,
+    RawSample,
+    RegisterSet,
+    StopReason,
+    UnwoundStack,
+)
 from qmpprof.record.backlog import MARGIN_S, MAX_PENDING, Backlog
 
 
-def raw(n: int) -> RawSample:
+def raw(n: int) -> CapturedSample:
     regs = RegisterSet(n, {"rip": n, "rsp": 0, "rbp": 0}, cs=8, cpl=0, halted=False, bits=64)
-    return RawSample(float(n), regs)
+    leaf = FrameAddress(n, FrameKind.INSTRUCTION)
+    return CapturedSample(
+        RawSample(float(n), regs), UnwoundStack((leaf,), StopReason.NO_STACK), None
+    )
 
 
 class StepClock:
@@ -25,7 +36,7 @@ class StepClock:
 
 def test_no_work_when_the_next_tick_is_due_and_everything_at_the_end() -> None:
     done: list[int] = []
-    backlog = Backlog(lambda sample: done.append(sample.vcpu))
+    backlog = Backlog(lambda sample: done.append(sample.raw.vcpu))
     backlog.add([raw(0), raw(1), raw(2)])
     backlog.work_until(time.monotonic())
     assert done == [] and len(backlog) == 3
@@ -40,8 +51,8 @@ def test_an_analysis_starts_only_if_it_should_end_before_the_deadline() -> None:
     clock = StepClock(step=0.001)
     done: list[int] = []
 
-    def analyse(sample: RawSample) -> None:
-        done.append(sample.vcpu)
+    def analyse(sample: CapturedSample) -> None:
+        done.append(sample.raw.vcpu)
         clock.now += clock.step
 
     backlog = Backlog(analyse, clock)
@@ -56,7 +67,7 @@ def test_an_analysis_starts_only_if_it_should_end_before_the_deadline() -> None:
 
 def test_beyond_max_pending_the_oldest_are_analysed_even_when_a_tick_is_due() -> None:
     done: list[int] = []
-    backlog = Backlog(lambda sample: done.append(sample.vcpu))
+    backlog = Backlog(lambda sample: done.append(sample.raw.vcpu))
     backlog.add([raw(n) for n in range(MAX_PENDING + 3)])
     backlog.work_until(time.monotonic())
     assert done == [0, 1, 2] and len(backlog) == MAX_PENDING
@@ -66,8 +77,8 @@ def test_after_a_slow_analysis_the_idle_time_is_used_again_some_ticks_later() ->
     clock = StepClock(step=0.05)  # the first analysis is slow (symbols, cold caches)
     done: list[int] = []
 
-    def analyse(sample: RawSample) -> None:
-        done.append(sample.vcpu)
+    def analyse(sample: CapturedSample) -> None:
+        done.append(sample.raw.vcpu)
         clock.now += clock.step
         clock.step = 0.0001
 

@@ -271,6 +271,7 @@ def assert_agrees(elf: Path, select: bool) -> Comparison:
     return result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("elf", SUBSET_BINARIES, ids=lambda path: path.name)
 def test_system_libraries_agree_with_readelf(elf: Path) -> None:
     if not elf.exists():
@@ -279,6 +280,7 @@ def test_system_libraries_agree_with_readelf(elf: Path) -> None:
     assert result.fdes > 100
 
 
+@pytest.mark.slow  # test_cfi_rules checks the same builds' rows in `make unit`
 @pytest.mark.parametrize(
     "flags",
     [("-O2", "-fno-asynchronous-unwind-tables"), ("-O2",)],

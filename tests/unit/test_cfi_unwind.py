@@ -7,7 +7,9 @@ must give GDB's frames.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+from typing import cast
 
 from qmpprof.memory import WindowMemory
 from qmpprof.model import MemoryWindow
@@ -25,17 +27,13 @@ def unwind_stop(stop: dict[str, object], elf: Path, strategy: Strategy) -> list[
     regs: list[int | None] = [registers[name] for name in NAMES]
     stack = bytes.fromhex(str(stop["stack"]))
     memory = WindowMemory([MemoryWindow(int(str(stop["stack_base"])), stack)])
-    result = unwind(regs, memory, load_cfi_cached(elf), strategy, code=load_code(elf))
+    result = unwind(regs, memory, load_cfi_cached(elf), strategy, code=load_code_cached(elf))
     return [frame.address for frame in result.frames]
 
 
-_CFI: dict[Path, object] = {}
-
-
-def load_cfi_cached(elf: Path):  # type: ignore[no-untyped-def]
-    if elf not in _CFI:
-        _CFI[elf] = load_cfi(elf)
-    return _CFI[elf]
+# Each ELF is read once for all of its stops, not once a stop.
+load_cfi_cached = functools.cache(load_cfi)
+load_code_cached = functools.cache(load_code)
 
 
 def test_cfi_unwind_matches_gdb_at_every_instruction(
@@ -49,5 +47,6 @@ def test_cfi_unwind_matches_gdb_at_every_instruction(
         if (ours := unwind_stop(stop, elf, Strategy.AUTO)) != stop["frames"]
     ]
     for gdb_frames, ours in wrong[:3]:
-        print(f"{name}\n  gdb:  {[hex(a) for a in gdb_frames]}\n  ours: {[hex(a) for a in ours]}")
+        gdb_hex = [hex(a) for a in cast(list[int], gdb_frames)]
+        print(f"{name}\n  gdb:  {gdb_hex}\n  ours: {[hex(a) for a in ours]}")
     assert not wrong, f"{len(wrong)} of {len(stops)} stops differ from GDB ({name})"

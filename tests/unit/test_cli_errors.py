@@ -1,22 +1,50 @@
-"""Bad input gets one line on stderr and a non-zero exit, never a traceback."""
+"""Bad input gets one line on stderr and a non-zero exit, never a traceback.
+
+Most cases run `cli.main` in this process (an escaping exception fails the test as a
+traceback would); a few run `python -m qmpprof` for real, to check the whole way out of
+the interpreter. A fresh interpreter costs half a second, so only those few do.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from qmpprof.cli import main
+from qmpprof.errors import ConnectionFailed
+from qmpprof.target.qmp import QmpSession
 
-def qmpprof(*args: str) -> subprocess.CompletedProcess[str]:
+
+def qmpprof_process(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "qmpprof", *args], capture_output=True, text=True, timeout=60
     )
+
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def qmpprof(capsys: pytest.CaptureFixture[str]) -> Run:
+    """`cli.main` run here, its exit status and output as a finished process's."""
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        try:
+            status = main(list(args))
+        except SystemExit as exit_:  # argparse's way out
+            status = exit_.code if isinstance(exit_.code, int) else 1
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["qmpprof", *args], status, out, err)
+
+    return run
 
 
 def assert_one_line_error(done: subprocess.CompletedProcess[str], expected: str) -> None:
@@ -53,29 +81,39 @@ def serve_once(path: Path, greeting: bytes | None) -> threading.Thread:
     return thread
 
 
-def test_missing_socket(short_dir: Path) -> None:
-    assert_one_line_error(qmpprof("--qmp-socket", str(short_dir / "nope")), "no such file")
+def test_missing_socket_in_a_real_process(short_dir: Path) -> None:
+    done = qmpprof_process("--qmp-socket", str(short_dir / "nope"))
+    assert_one_line_error(done, "no such file")
 
 
-def test_regular_file_is_not_a_socket(short_dir: Path) -> None:
+def test_a_bad_command_line_in_a_real_process() -> None:
+    done = qmpprof_process("--rate", "inf", "--qmp-socket", "/nonexistent/qmp")
+    assert done.returncode == 2, done.stderr
+    assert_one_line_error(done, "--rate: must be a number from 0.01 to 10000 Hz")
+
+
+def test_regular_file_is_not_a_socket(qmpprof: Run, short_dir: Path) -> None:
     path = short_dir / "file"
     path.write_text("x")
     assert_one_line_error(qmpprof("dump", "--qmp-socket", str(path)), "not a socket")
 
 
-def test_socket_that_speaks_something_else(short_dir: Path) -> None:
+def test_socket_that_speaks_something_else(qmpprof: Run, short_dir: Path) -> None:
     path = short_dir / "http.sock"
     serve_once(path, b"HTTP/1.1 400 Bad Request\r\n\r\n")
     assert_one_line_error(qmpprof("dump", "--qmp-socket", str(path)), "not a QMP socket")
 
 
 def test_socket_that_never_greets(short_dir: Path) -> None:
+    """The session, not the CLI: the CLI would wait out its 5 s default; the message is
+    the same ConnectionFailed the CLI prints as one line (test_missing_socket)."""
     path = short_dir / "silent.sock"
     serve_once(path, None)
-    assert_one_line_error(qmpprof("dump", "--qmp-socket", str(path)), "no QMP greeting")
+    with pytest.raises(ConnectionFailed, match=r"no QMP greeting within 0\.05 s"):
+        asyncio.run(QmpSession.connect(str(path), timeout=0.05))
 
 
-def test_kernel_that_is_not_an_elf(short_dir: Path) -> None:
+def test_kernel_that_is_not_an_elf(qmpprof: Run, short_dir: Path) -> None:
     kernel = short_dir / "kernel"
     kernel.write_text("not an elf\n")
     done = qmpprof("dump", "--qmp-socket", str(short_dir / "x"), "--kernel", str(kernel))
@@ -115,7 +153,9 @@ BAD_COMMAND_LINES = [
 
 
 @pytest.mark.parametrize(("args", "expected"), BAD_COMMAND_LINES)
-def test_a_bad_command_line_is_one_line_and_exit_2(args: list[str], expected: str) -> None:
+def test_a_bad_command_line_is_one_line_and_exit_2(
+    qmpprof: Run, args: list[str], expected: str
+) -> None:
     """Refused while parsing, before any connection: the socket does not exist and the
     message is about the flag."""
     done = qmpprof(*args, "--qmp-socket", "/nonexistent/qmp")
@@ -124,11 +164,13 @@ def test_a_bad_command_line_is_one_line_and_exit_2(args: list[str], expected: st
     assert "--help)" in done.stderr
 
 
-def test_one_shot_is_dump_and_fails_cleanly(short_dir: Path) -> None:
+def test_one_shot_is_dump_and_fails_cleanly(qmpprof: Run, short_dir: Path) -> None:
     done = qmpprof("--one-shot", "--json", "--qmp-socket", str(short_dir / "nope"))
     assert_one_line_error(done, "no such file")
 
 
-def test_an_output_that_cannot_be_written_fails_before_recording(short_dir: Path) -> None:
+def test_an_output_that_cannot_be_written_fails_before_recording(
+    qmpprof: Run, short_dir: Path
+) -> None:
     done = qmpprof("--qmp-socket", str(short_dir / "nope"), "-o", str(short_dir / "no" / "x.svg"))
     assert_one_line_error(done, "no directory")

@@ -2,6 +2,7 @@
 
 import struct
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -9,6 +10,7 @@ from qmpprof.memory import WindowMemory
 from qmpprof.model import FrameKind, MemoryWindow, Recovery, StopReason, UnwoundStack
 from qmpprof.unwind.rules import RBP, REGISTER_COUNT, RIP, RSP
 from qmpprof.unwind.unwinder import Strategy, unwind
+from tests.unit.properties import examples
 
 BASE = 0xFFFFFFFF80200000
 
@@ -68,16 +70,18 @@ def test_depth_is_bounded() -> None:
     assert len(stack.frames) == 10
 
 
-@settings(max_examples=400, deadline=None)
-@given(
-    data=st.binary(max_size=512),
-    rbp_offset=st.integers(min_value=-64, max_value=600),
-    depth=st.integers(min_value=1, max_value=200),
-)
-def test_any_bytes_end_with_a_reason_within_the_bound(
-    data: bytes, rbp_offset: int, depth: int
-) -> None:
-    memory = WindowMemory([MemoryWindow(BASE, data)])
-    stack = fp_unwind(memory, rip=7, rsp=BASE, rbp=BASE + rbp_offset, depth=depth)
-    assert 1 <= len(stack.frames) <= depth
-    assert isinstance(stack.stop, StopReason)
+@pytest.mark.parametrize("examples", examples(400))
+def test_any_bytes_end_with_a_reason_within_the_bound(examples: int) -> None:
+    @settings(max_examples=examples, deadline=None)
+    @given(
+        data=st.binary(max_size=512),
+        rbp_offset=st.integers(min_value=-64, max_value=600),
+        depth=st.integers(min_value=1, max_value=200),
+    )
+    def check(data: bytes, rbp_offset: int, depth: int) -> None:
+        memory = WindowMemory([MemoryWindow(BASE, data)])
+        stack = fp_unwind(memory, rip=7, rsp=BASE, rbp=BASE + rbp_offset, depth=depth)
+        assert 1 <= len(stack.frames) <= depth
+        assert isinstance(stack.stop, StopReason)
+
+    check()

@@ -37,9 +37,6 @@ NOT_PURE = (
     "rich",
 )
 CONSOLE = "qmpprof.console"
-#: Rules broken today by modules the issue-14 reshaping is rewriting; each goes when the
-#: module does. (module, what it may still import)
-ALLOWED = {}
 
 
 def module_name(path: Path) -> str:
@@ -101,7 +98,7 @@ def violations(sources: list[str], forbidden: tuple[str, ...]) -> list[str]:
         for module in sources
         for target in imports(module)
         for banned in forbidden
-        if _inside(target, banned) and (module, banned) not in ALLOWED
+        if _inside(target, banned)
     )
 
 

@@ -23,6 +23,7 @@ def layout_elf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def data_memory(elf: Path) -> WindowMemory:
     with elf.open("rb") as stream:
         section = ELFFile(stream).get_section_by_name(".data")
+        assert section is not None
         return WindowMemory([MemoryWindow(section["sh_addr"], section.data())])
 
 

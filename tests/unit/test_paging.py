@@ -20,6 +20,7 @@ from qmpprof.target.paging import (
     PagingState,
     VirtualMemory,
 )
+from tests.unit.properties import examples
 
 CR0_PG = 1 << 31 | 1  # PG and PE
 CR4_PSE, CR4_PAE, CR4_LA57 = 1 << 4, 1 << 5, 1 << 12
@@ -362,27 +363,31 @@ addresses = st.one_of(
 )
 
 
-@settings(max_examples=400, deadline=200)
-@given(
-    data=st.binary(min_size=64, max_size=4096),
-    cr0=st.sampled_from([0, CR0_PG]) | registers,
-    cr3=registers,
-    cr4=st.sampled_from([0, CR4_PSE, CR4_PAE, CR4_PAE | CR4_LA57]) | registers,
-    efer=st.sampled_from([0, EFER_LONG]) | registers,
-    address=addresses,
-    size=st.integers(-2, 3 * 4096),
-)
-def test_random_memory_and_registers_only_ever_fault(
-    data: bytes, cr0: int, cr3: int, cr4: int, efer: int, address: int, size: int
-) -> None:
-    memory = VirtualMemory(CyclicRam(data), PagingState(cr0, cr3, cr4, efer))
-    prefix = memory.read_prefix(address, size)
-    assert len(prefix) <= max(size, 0)
-    for read in (lambda: memory.read(address, size), lambda: memory.read_u64(address)):
-        try:
-            result = read()
-        except MemoryFault:
-            continue
-        assert isinstance(result, int | bytes)
-    if size >= 0 and len(prefix) == size:  # all readable: a full read gives the same bytes
-        assert memory.read(address, size) == prefix
+@pytest.mark.parametrize("examples", examples(400))
+def test_random_memory_and_registers_only_ever_fault(examples: int) -> None:
+    @settings(max_examples=examples, deadline=200)
+    @given(
+        data=st.binary(min_size=64, max_size=4096),
+        cr0=st.sampled_from([0, CR0_PG]) | registers,
+        cr3=registers,
+        cr4=st.sampled_from([0, CR4_PSE, CR4_PAE, CR4_PAE | CR4_LA57]) | registers,
+        efer=st.sampled_from([0, EFER_LONG]) | registers,
+        address=addresses,
+        size=st.integers(-2, 3 * 4096),
+    )
+    def check(
+        data: bytes, cr0: int, cr3: int, cr4: int, efer: int, address: int, size: int
+    ) -> None:
+        memory = VirtualMemory(CyclicRam(data), PagingState(cr0, cr3, cr4, efer))
+        prefix = memory.read_prefix(address, size)
+        assert len(prefix) <= max(size, 0)
+        for read in (lambda: memory.read(address, size), lambda: memory.read_u64(address)):
+            try:
+                result = read()
+            except MemoryFault:
+                continue
+            assert isinstance(result, int | bytes)
+        if size >= 0 and len(prefix) == size:  # all readable: a full read gives the same bytes
+            assert memory.read(address, size) == prefix
+
+    check()

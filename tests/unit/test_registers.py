@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from qmpprof.errors import RegisterParseError
 from qmpprof.target import registers
 from qmpprof.target.registers import parse_all
+from tests.unit.properties import examples
 
 DATA = Path(__file__).parent / "data"
 
@@ -92,29 +93,31 @@ def test_an_unfamiliar_layout_parses_like_qemu_7s(name: str) -> None:
     assert parse_all(unfamiliar) == parse_all(text)
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    name=st.sampled_from(SAVED_DUMPS),
-    start=st.integers(min_value=0, max_value=3000),
-    length=st.integers(min_value=0, max_value=200),
-    inserted=st.text(alphabet="RAXCSEF0123456789abcdef= \n[]#", max_size=30),
-)
-def test_damaged_dumps_parse_or_raise_parse_error(
-    name: str, start: int, length: int, inserted: str
-) -> None:
-    text = saved_dump(name)
-    damaged = text[:start] + inserted + text[start + length :]
-    try:
-        cpus = parse_all(damaged)
-    except RegisterParseError:
-        return
-    assert all(cpu.bits in (16, 32, 64) for cpu in cpus)
+@pytest.mark.parametrize("examples", examples(300))
+def test_damaged_dumps_parse_or_raise_parse_error(examples: int) -> None:
+    @settings(max_examples=examples, deadline=None)
+    @given(
+        name=st.sampled_from(SAVED_DUMPS),
+        start=st.integers(min_value=0, max_value=3000),
+        length=st.integers(min_value=0, max_value=200),
+        inserted=st.text(alphabet="RAXCSEF0123456789abcdef= \n[]#", max_size=30),
+    )
+    def check(name: str, start: int, length: int, inserted: str) -> None:
+        text = saved_dump(name)
+        damaged = text[:start] + inserted + text[start + length :]
+        try:
+            cpus = parse_all(damaged)
+        except RegisterParseError:
+            return
+        assert all(cpu.bits in (16, 32, 64) for cpu in cpus)
+
+    check()
 
 
 def repetition_bounds(pattern: re.Pattern[str]) -> list[int]:
     """The upper bound of every repetition in `pattern` (MAXREPEAT for `*`, `+`, `{n,}`),
     read from the parse tree the re module compiles it from."""
-    from re import _constants, _parser
+    from re import _constants, _parser  # type: ignore[attr-defined]
 
     repeats = (_constants.MAX_REPEAT, _constants.MIN_REPEAT, _constants.POSSESSIVE_REPEAT)
     bounds = []
@@ -136,7 +139,7 @@ def test_every_register_pattern_reads_a_bounded_number_of_characters_per_attempt
     bounded, one match attempt reads a fixed number of characters at most, so a search
     over n characters does O(n) work. An unbounded `[A-Z0-9]*` in the fallback scan
     took 10 s on 32 KB of capitals (each position rescanned the rest of the run)."""
-    from re import _constants
+    from re import _constants  # type: ignore[attr-defined]
 
     patterns = {n: v for n, v in vars(registers).items() if isinstance(v, re.Pattern)}
     assert {"_ASSIGNMENT", "_LONG_MODE", "_LEGACY_MODE", "_SEGMENT"} <= patterns.keys()
@@ -148,7 +151,7 @@ def test_every_register_pattern_reads_a_bounded_number_of_characters_per_attempt
 
 
 def test_the_bound_check_sees_an_unbounded_repetition() -> None:
-    from re import _constants
+    from re import _constants  # type: ignore[attr-defined]
 
     assert _constants.MAXREPEAT in repetition_bounds(re.compile(r"\b(?:[A-Z]{1,4}|x+)="))
     assert _constants.MAXREPEAT not in repetition_bounds(re.compile(r"\b(?:[A-Z]{1,4}|x?)="))
