@@ -3,7 +3,7 @@
 # background and wait until its init says it is ready.
 #
 #   boot.sh --qmp SOCKET [--gdb SOCKET] [--smp N] [--serial LOG] [--timeout SEC]
-#           [--nokaslr] [--abi ABI]
+#           [--nokaslr] [--abi ABI] [--extra-qmp SOCKET]
 #   boot.sh stop PID
 #
 # On success prints, one per line on stdout:
@@ -26,11 +26,12 @@ if [[ ${1:-} == stop ]]; then  # the example guest's stop: SIGTERM, then SIGKILL
     exec "$HERE/../guest/boot.sh" "$@"
 fi
 
-qmp='' gdb='' smp=2 serial='' timeout=120 kaslr='' abi=''
+qmp='' extra_qmp='' gdb='' smp=2 serial='' timeout=120 kaslr='' abi=''
 while [[ $# -gt 0 ]]; do
     case $1 in
         --qmp) qmp=${2:?--qmp needs a value}; shift 2 ;;
         --gdb) gdb=${2:?--gdb needs a value}; shift 2 ;;
+        --extra-qmp) extra_qmp=${2:?--extra-qmp needs a value}; shift 2 ;;
         --smp) smp=${2:?--smp needs a value}; shift 2 ;;
         --serial) serial=${2:?--serial needs a value}; shift 2 ;;
         --timeout) timeout=${2:?--timeout needs a value}; shift 2 ;;
@@ -65,6 +66,8 @@ args=(-accel tcg -display none -no-reboot -m "$MEMORY" -smp "$smp" -name qmpprof
       -serial "file:$serial" -qmp "unix:$qmp,server=on,wait=off"
       -daemonize -pidfile "$pidfile")
 [[ -n $gdb ]] && args+=(-gdb "unix:$gdb,server=on,wait=off")
+# A second QMP monitor: another client (a benchmark watching for STOP) next to qmpprof.
+[[ -n $extra_qmp ]] && args+=(-qmp "unix:$(realpath -m -- "$extra_qmp"),server=on,wait=off")
 rm -f "$serial"
 "$QEMU" "${args[@]}" </dev/null >/dev/null || die "QEMU failed to start"
 pid=$(tr -d ' \n' <"$pidfile")

@@ -7,7 +7,6 @@ import struct
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
@@ -15,7 +14,7 @@ from elftools.elf.sections import SymbolTableSection
 from qmpprof.symbols.elf_file import open_elf
 
 _STT_NOTYPE, _STT_OBJECT, _STT_FUNC = 0, 1, 2
-_CODE_TYPES = (_STT_NOTYPE, _STT_FUNC)
+_CODE_TYPES = frozenset({_STT_NOTYPE, _STT_FUNC})
 _SHF_EXECINSTR = 0x4
 #: Section indexes from here up are special (absolute, common, ...), not sections.
 _SHN_LORESERVE = 0xFF00
@@ -72,16 +71,15 @@ def read_code_symbols(elf: ELFFile) -> list[Symbol]:
     section_ends = {
         index: section["sh_addr"] + section["sh_size"]
         for index, section in enumerate(elf.iter_sections())
-        if section["sh_flags"] & _SHF_EXECINSTR and index
+        if section["sh_flags"] & _SHF_EXECINSTR and 0 < index < _SHN_LORESERVE
     }
     entries = symbol_entries(elf)
-    code = (e for e in entries if e.kind in _CODE_TYPES and e.section in section_ends)
-    named = ((e, entries.name(e.name_offset)) for e in code)
-    return [
-        Symbol(name, e.value, e.size or max(section_ends[e.section] - e.value, 0))
-        for e, name in named
-        if name
-    ]
+    symbols = []
+    for name_offset, info, section, value, size in entries:
+        is_code = info & 0xF in _CODE_TYPES and section in section_ends
+        if is_code and (name := entries.name(name_offset)):
+            symbols.append(Symbol(name, value, size or max(section_ends[section] - value, 0)))
+    return symbols
 
 
 def read_object_symbols(elf: ELFFile, names: Collection[str]) -> dict[str, int]:
@@ -89,18 +87,10 @@ def read_object_symbols(elf: ELFFile, names: Collection[str]) -> dict[str, int]:
     entries = symbol_entries(elf)
     wanted = entries.offsets_of(names)
     found: dict[str, int] = {}
-    for entry in entries:
-        if entry.kind == _STT_OBJECT and entry.name_offset in wanted:
-            found.setdefault(wanted[entry.name_offset], entry.value)
+    for name_offset, info, _, value, _ in entries:
+        if name_offset in wanted and info & 0xF == _STT_OBJECT:
+            found.setdefault(wanted[name_offset], value)
     return found
-
-
-class _Entry(NamedTuple):
-    name_offset: int
-    kind: int
-    section: int
-    value: int
-    size: int
 
 
 class SymbolEntries:
@@ -116,8 +106,12 @@ class SymbolEntries:
         self._is64 = is64
         self._strings = strings
 
-    def __iter__(self) -> Iterator[_Entry]:
-        return (_entry(fields, self._is64) for fields in self._layout.iter_unpack(self._raw))
+    def __iter__(self) -> Iterator[tuple[int, int, int, int, int]]:
+        """(name offset, st_info, section index, value, size) of each entry."""
+        unpacked = self._layout.iter_unpack(self._raw)
+        if self._is64:
+            return ((n, info, shndx, v, z) for n, info, _, shndx, v, z in unpacked)
+        return ((n, info, shndx, v, z) for n, v, z, info, _, shndx in unpacked)
 
     def offsets_of(self, names: Collection[str]) -> dict[int, str]:
         """Every string-table offset at which one of `names` is stored: found by searching
@@ -137,14 +131,6 @@ class SymbolEntries:
         end = self._strings.find(b"\0", offset)
         raw = self._strings[offset : end if end >= 0 else len(self._strings)]
         return raw.decode("utf-8", "replace")
-
-
-def _entry(fields: tuple[int, ...], is64: bool) -> _Entry:
-    if is64:
-        name, info, _, section, value, size = fields
-    else:
-        name, value, size, info, _, section = fields
-    return _Entry(name, info & 0xF, section if section < _SHN_LORESERVE else 0, value, size)
 
 
 def symbol_entries(elf: ELFFile) -> SymbolEntries:
