@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from elftools.elf.elffile import ELFFile
@@ -36,10 +37,11 @@ class _Fde:
     entry: FdeEntry
     start: int
     end: int
-    starts: list[int] = field(default_factory=list)
+    # Shared empty tuples until needed: a kernel has 50,000 FDEs, few ever compiled.
+    starts: Sequence[int] = ()
     rows: list[r.UnwindRow] | None = None  # None: not compiled yet; []: cannot be
     problem: str | None = None
-    stand_ins: list[_Fde] = field(default_factory=list)  # overlapping FDEs of the other section
+    stand_ins: tuple[_Fde, ...] = ()  # overlapping FDEs of the other section
 
     def compiled(self) -> bool:
         """Compile on first use; whether this FDE has rows."""
@@ -183,5 +185,5 @@ def _without_overlaps(fdes: list[_Fde]) -> list[_Fde]:
         if not kept or fde.start >= kept[-1].end:
             kept.append(fde)
         else:
-            kept[-1].stand_ins.append(fde)
+            kept[-1].stand_ins += (fde,)
     return kept
