@@ -72,6 +72,8 @@ def _structs(path: Path, names: set[str]) -> dict[str, dict[str, Member]]:
     budget = _Budget(MAX_SCANNED_DIES)
     try:
         for unit in dwarf.iter_CUs():
+            if not budget.take():  # each unit's entry counts: a file of empty units ends too
+                break
             for die in _top_level(unit, budget):
                 name = _name(die)
                 # A declaration (no members) may come first; keep looking for the definition.
