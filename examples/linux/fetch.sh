@@ -42,10 +42,12 @@ extract() {
 
 mkdir -p "$debs" "$out"
 if [[ ! -s $out/vmlinuz ]]; then
-    extract "$(deb "linux-image-$abi-unsigned")" "./boot/vmlinuz-$abi" "$out/vmlinuz"
+    package=$(deb "linux-image-$abi-unsigned")  # set -e: a failed download ends here
+    extract "$package" "./boot/vmlinuz-$abi" "$out/vmlinuz"
 fi
 if [[ ! -s $out/vmlinux ]]; then
-    extract "$(deb "linux-image-$abi-dbg")" "./usr/lib/debug/boot/vmlinux-$abi" "$out/vmlinux"
+    package=$(deb "linux-image-$abi-dbg")
+    extract "$package" "./usr/lib/debug/boot/vmlinux-$abi" "$out/vmlinux"
 fi
 echo "vmlinuz=$out/vmlinuz"
 echo "vmlinux=$out/vmlinux"
