@@ -24,6 +24,7 @@ from pathlib import Path
 from elftools.elf.elffile import ELFFile
 
 from qmpprof.errors import BadCfi
+from qmpprof.symbols.elf import collector_paused
 from qmpprof.symbols.elf_file import ELF_PARSE_ERRORS, open_elf
 from qmpprof.unwind import rules as r
 from qmpprof.unwind.cfi_entries import FdeEntry, parse_section
@@ -145,12 +146,12 @@ def load_cfi(path: str | Path) -> CfiTable:
     """The CFI of the ELF at `path` (.eh_frame first, .debug_frame where it adds). Raises BadElf."""
     fdes: list[FdeEntry] = []
     problems: list[str] = []
-    with open_elf(path) as elf:
+    with open_elf(path) as elf, collector_paused():
         for name in (".eh_frame", ".debug_frame"):
             found = _section_fdes(elf, name, eh_frame=name == ".eh_frame")
             fdes += found.fdes
             problems += found.problems
-    return CfiTable(fdes, problems)
+        return CfiTable(fdes, problems)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,6 @@
 """Symbolization of a real ELF built from data/symbols.c, checked against binutils' nm."""
 
+import gc
 import subprocess
 from pathlib import Path
 
@@ -9,7 +10,7 @@ from qmpprof.errors import BadElf
 from qmpprof.guest.example import ExampleGuestAdapter
 from qmpprof.model import FrameAddress, FrameKind
 from qmpprof.modules import load_module
-from qmpprof.symbols.elf import load_symbols
+from qmpprof.symbols.elf import collector_paused, load_symbols
 from qmpprof.symbols.symbolizer import Symbolizer
 from tests.fuzz.elf_edit import (
     E_MACHINE,
@@ -195,3 +196,12 @@ def test_every_sized_function_nm_lists_is_in_the_table(
     expected = {(a, n) for a, n in nm_functions(elf).values() if n}
     found = {(hit[0].address, hit[0].size) for a, _ in expected if (hit := table.lookup(a))}
     assert len(expected) > 3 and found == expected
+
+
+def test_the_collector_is_paused_while_loading_and_left_as_it_was() -> None:
+    for enabled in (True, False):
+        (gc.enable if enabled else gc.disable)()
+        with collector_paused():
+            assert not gc.isenabled()
+        assert gc.isenabled() == enabled
+    gc.enable()
