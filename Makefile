@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 APT_PACKAGES := qemu-system-x86 gdb gcc make binutils python3-venv tmux
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help demo test unit integration fuzz bench lint format deps system-deps guest consumers clean
+.PHONY: help demo test unit integration fuzz bench lint format deps system-deps guest linux-guest consumers clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -17,13 +17,13 @@ help:  ## list the targets
 demo: deps guest  ## boot the example guest, profile it 10 s, write demo/, print the hottest stacks
 	@PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/demo.sh
 
-test: deps guest consumers  ## run every test (unit, consumers, integration against a real QEMU)
+test: deps guest linux-guest consumers  ## run every test (unit, consumers, integration against a real QEMU)
 	$(BIN)/pytest -q tests
 
 unit: deps  ## unit tests only (no QEMU), without the slow sweeps (`make test` runs those)
 	$(BIN)/pytest -q -m 'not slow' tests/unit
 
-integration: deps guest  ## integration tests only (boots the example guest)
+integration: deps guest linux-guest  ## integration tests only (boots the example guest)
 	$(BIN)/pytest -q tests/integration
 
 #: Cases per fuzz test under `make fuzz` (tests that parse a whole file per case run a
@@ -38,6 +38,7 @@ bench: deps guest  ## benchmarks, TCG by default (ACCEL=kvm where KVM works); ea
 	$(BIN)/python bench/sample_cost.py --accel $(ACCEL)
 	$(BIN)/python bench/perturbation.py --accel $(ACCEL)
 	$(BIN)/python bench/max_rate.py --accel $(ACCEL)
+	$(BIN)/python bench/startup.py
 
 lint: deps  ## ruff (lint + format check), mypy --strict (code, tests, benchmarks) and the layering rules
 	$(BIN)/ruff check qmpprof tests $(wildcard bench)
@@ -76,5 +77,9 @@ guest:  ## build the example guest OS, both variants (the tests unwind both)
 	$(MAKE) -s -C examples/guest
 	$(MAKE) -s -C examples/guest VARIANT=nofp
 
+linux-guest:  ## fetch Debian's kernel + debug vmlinux once (~/.cache/qmpprof), build its initramfs
+	bash examples/linux/fetch.sh >/dev/null
+	$(MAKE) -s -C examples/linux
+
 clean:  ## remove the venv, demo output and guest builds
-	rm -rf $(VENV) demo examples/guest/build
+	rm -rf $(VENV) demo examples/guest/build examples/linux/build

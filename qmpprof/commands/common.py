@@ -10,7 +10,7 @@ from pathlib import Path
 from qmpprof.analysis import Analyzer
 from qmpprof.defaults import DEFAULT_MAX_DEPTH, DEFAULT_STACK_BYTES
 from qmpprof.guest.adapter import GenericAdapter, OsAdapter
-from qmpprof.guest.example import ExampleGuestAdapter
+from qmpprof.guest.registry import choose_adapter
 from qmpprof.modules import load_module, load_user_modules
 from qmpprof.unwind.unwinder import Strategy
 
@@ -55,9 +55,7 @@ def module_paths(analyzer: Analyzer) -> dict[str, Path]:
 
 def _adapter(kernel: Path | None) -> OsAdapter:
     """The OS adapter the kernel ELF calls for; the generic one when none applies."""
-    if kernel is not None and (example := ExampleGuestAdapter.from_kernel(kernel)) is not None:
-        return example
-    return GenericAdapter()
+    return choose_adapter(kernel) if kernel is not None else GenericAdapter()
 
 
 def say_on_stderr(line: str) -> None:

@@ -1,5 +1,12 @@
 """What an OS adapter needs from the kernel's ELF: variable addresses and struct layouts
-from DWARF, so no offset is a constant in Python."""
+from DWARF, so no offset is a constant in Python.
+
+Only what is asked for is read: the variables from the symbol table (unpacked in bulk),
+the structs from the top-level entries of each compilation unit (a struct a C file
+declares at file scope is one), skipping every entry's children by its DW_AT_sibling
+where that points forward. The DWARF is mapped, not read, and the entries read are
+bounded: a 600 MB kernel .debug_info costs a bounded scan, not a walk of every entry.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +15,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import SymbolTableSection
+from elftools.dwarf.die import DIE
 
 from qmpprof.errors import BadElf
-from qmpprof.symbols.elf_file import open_elf
+from qmpprof.symbols.elf import read_object_symbols
+from qmpprof.symbols.elf_file import ELF_PARSE_ERRORS, open_elf
+from qmpprof.symbols.lines import open_mapped_dwarf
 
 #: The most DIEs read below one struct or array type: a struct a guest adapter needs
 #: has a few dozen members; the bound keeps hostile DWARF from making it millions.
 MAX_CHILD_DIES = 4096
+#: The most entries read while looking for structs, over all units: a small kernel
+#: has a few thousand; a kernel this bound cuts short lacks the layout (about 3 s here).
+MAX_SCANNED_DIES = 50_000
+
+#: Forms of a DW_AT_sibling that are offsets from the start of their unit.
+_UNIT_REFERENCES = {
+    "DW_FORM_ref1",
+    "DW_FORM_ref2",
+    "DW_FORM_ref4",
+    "DW_FORM_ref8",
+    "DW_FORM_ref_udata",
+}
 
 
 @dataclass(frozen=True)
@@ -38,37 +58,81 @@ def read_layout(path: Path, variables: set[str], structs: set[str]) -> KernelLay
     an unreadable ELF or DWARF gives an empty layout (the adapter then does not apply)."""
     try:
         with open_elf(path) as elf:
-            found_variables = _variables(elf, variables)
-            found_structs = _structs(elf, structs) if elf.has_dwarf_info() else {}
+            found_variables = read_object_symbols(elf, variables)
     except BadElf:
         return KernelLayout({}, {})
-    return KernelLayout(found_variables, found_structs)
+    return KernelLayout(found_variables, _structs(path, structs) if structs else {})
 
 
-def _variables(elf: ELFFile, names: set[str]) -> dict[str, int]:
-    table = elf.get_section_by_name(".symtab")
-    if not isinstance(table, SymbolTableSection):
+def _structs(path: Path, names: set[str]) -> dict[str, dict[str, Member]]:
+    dwarf = open_mapped_dwarf(path)
+    if dwarf is None:
         return {}
-    return {
-        sym.name: int(sym["st_value"])
-        for sym in table.iter_symbols()
-        if sym.name in names and sym["st_info"]["type"] == "STT_OBJECT"
-    }
-
-
-def _structs(elf: ELFFile, names: set[str]) -> dict[str, dict[str, Member]]:
     found: dict[str, dict[str, Member]] = {}
-    # follow_links=False: a .gnu_debugaltlink names another file, which we do not open.
-    for unit in elf.get_dwarf_info(follow_links=False).iter_CUs():
-        for die in unit.iter_DIEs():
-            name = _name(die)
-            if die.tag == "DW_TAG_structure_type" and name in names and name not in found:
-                members = _members(die)
-                if members:
-                    found[name] = members
-        if found.keys() == names:
-            break
-    return found
+    budget = _Budget(MAX_SCANNED_DIES)
+    try:
+        for unit in dwarf.iter_CUs():
+            if not budget.take():  # each unit's entry counts: a file of empty units ends too
+                break
+            for die in _top_level(unit, budget):
+                name = _name(die)
+                # A declaration (no members) may come first; keep looking for the definition.
+                if die.tag == "DW_TAG_structure_type" and name in names and not found.get(name):
+                    found[name] = _members(die)
+            if all(found.get(name) for name in names) or budget.spent():
+                break
+    except ELF_PARSE_ERRORS:
+        return {}
+    return {name: members for name, members in found.items() if members}
+
+
+class _Budget:
+    def __init__(self, entries: int) -> None:
+        self.left = entries
+
+    def take(self) -> bool:
+        self.left -= 1
+        return self.left >= 0
+
+    def spent(self) -> bool:
+        return self.left <= 0
+
+
+def _top_level(unit: Any, budget: _Budget) -> Iterator[Any]:
+    """The unit's top-level entries (children of its unit entry), in file order."""
+    top = unit.get_top_DIE()
+    if not top.has_children:
+        return
+    stream = unit.dwarfinfo.debug_info_sec.stream
+    offset, end = top.offset + top.size, unit.cu_offset + unit.size
+    while offset < end and budget.take():
+        die = DIE(cu=unit, stream=stream, offset=offset)
+        if die.size <= 0 or die.is_null():
+            return
+        yield die
+        offset = _after(die, end, budget)
+
+
+def _after(die: Any, end: int, budget: _Budget) -> int:
+    """Where the entry after `die` and its children starts: its DW_AT_sibling when that
+    points forward inside the unit (so no hostile value can loop), else found by reading
+    the children."""
+    following = die.offset + die.size
+    if not die.has_children:
+        return int(following)
+    sibling = die.attributes.get("DW_AT_sibling")
+    if sibling is not None and sibling.form in _UNIT_REFERENCES and _is_count(sibling.value):
+        target = die.cu.cu_offset + sibling.value
+        if following < target <= end:
+            return int(target)
+    offset, depth = following, 1
+    while depth and offset < end and budget.take():
+        child = DIE(cu=die.cu, stream=die.stream, offset=offset)
+        if child.size <= 0:
+            return end
+        offset += child.size
+        depth += 1 if child.has_children else -1 if child.is_null() else 0
+    return int(offset)
 
 
 def _members(struct: Any) -> dict[str, Member]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qmpprof.guest.dwarf_types import read_layout
+from qmpprof.guest.adapter import KernelFacts
+from qmpprof.guest.dwarf_types import KernelLayout, read_layout
 from qmpprof.memory import MemoryReader
 from qmpprof.model import KERNEL_ONLY, Process, RegisterSet
 
@@ -22,12 +23,27 @@ class ExampleGuestAdapter:
         self.name_offset = name_offset
         self.name_size = min(name_size, NAME_LIMIT)
 
+    probe_symbols = frozenset({"cpu_current"})
+
+    @classmethod
+    def probe(cls, facts: KernelFacts) -> bool:
+        return "cpu_current" in facts.symbols
+
+    @classmethod
+    def from_facts(cls, facts: KernelFacts) -> ExampleGuestAdapter | None:
+        """The adapter, if the kernel also declares struct process (the only type read)."""
+        layout = read_layout(facts.path, set(), {"process"})
+        return cls._from_layout(facts.symbols.get("cpu_current"), layout)
+
     @classmethod
     def from_kernel(cls, kernel: Path) -> ExampleGuestAdapter | None:
         """The adapter, if the kernel ELF declares cpu_current and struct process."""
         layout = read_layout(kernel, {"cpu_current"}, {"process"})
+        return cls._from_layout(layout.variables.get("cpu_current"), layout)
+
+    @classmethod
+    def _from_layout(cls, address: int | None, layout: KernelLayout) -> ExampleGuestAdapter | None:
         members = layout.structs.get("process", {})
-        address = layout.variables.get("cpu_current")
         if address is None or "pid" not in members or "name" not in members:
             return None
         name_size = members["name"].size or 16

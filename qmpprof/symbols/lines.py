@@ -148,7 +148,7 @@ class ModuleLines:
     """The source lines of one ELF file, decoded one CU at a time on demand."""
 
     def __init__(self, path: Path) -> None:
-        self._dwarf = _open_dwarf(path)
+        self._dwarf = open_mapped_dwarf(path)
         self._aranges: Any = None
         self._units: list[tuple[int, int, int]] | None = None
         self._tables: dict[int, LineTable] = {}
@@ -192,7 +192,7 @@ class ModuleLines:
         return self._aranges
 
 
-def _open_dwarf(path: Path) -> Any:
+def open_mapped_dwarf(path: Path) -> Any:
     """The DWARF of `path` over a mapping of the file; None when it has none or is unusable."""
     try:
         with path.open("rb") as stream:

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from elftools.elf.elffile import ELFFile
 
 from qmpprof.errors import BadCfi
+from qmpprof.symbols.elf import collector_paused
 from qmpprof.symbols.elf_file import ELF_PARSE_ERRORS, open_elf
 from qmpprof.unwind import rules as r
 from qmpprof.unwind.cfi_entries import FdeEntry, parse_section
@@ -36,10 +38,11 @@ class _Fde:
     entry: FdeEntry
     start: int
     end: int
-    starts: list[int] = field(default_factory=list)
+    # Shared empty tuples until needed: a kernel has 50,000 FDEs, few ever compiled.
+    starts: Sequence[int] = ()
     rows: list[r.UnwindRow] | None = None  # None: not compiled yet; []: cannot be
     problem: str | None = None
-    stand_ins: list[_Fde] = field(default_factory=list)  # overlapping FDEs of the other section
+    stand_ins: tuple[_Fde, ...] = ()  # overlapping FDEs of the other section
 
     def compiled(self) -> bool:
         """Compile on first use; whether this FDE has rows."""
@@ -143,12 +146,12 @@ def load_cfi(path: str | Path) -> CfiTable:
     """The CFI of the ELF at `path` (.eh_frame first, .debug_frame where it adds). Raises BadElf."""
     fdes: list[FdeEntry] = []
     problems: list[str] = []
-    with open_elf(path) as elf:
+    with open_elf(path) as elf, collector_paused():
         for name in (".eh_frame", ".debug_frame"):
             found = _section_fdes(elf, name, eh_frame=name == ".eh_frame")
             fdes += found.fdes
             problems += found.problems
-    return CfiTable(fdes, problems)
+        return CfiTable(fdes, problems)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,5 +186,5 @@ def _without_overlaps(fdes: list[_Fde]) -> list[_Fde]:
         if not kept or fde.start >= kept[-1].end:
             kept.append(fde)
         else:
-            kept[-1].stand_ins.append(fde)
+            kept[-1].stand_ins += (fde,)
     return kept

@@ -14,6 +14,7 @@ records why and moves on to the next.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 from qmpprof.errors import BadCfi
@@ -29,6 +30,19 @@ _PE_ALIGNED = 0x50
 _PE_INDIRECT = 0x80
 _FIXED_FORMATS = {0x02: (2, False), 0x03: (4, False), 0x04: (8, False)}
 _FIXED_FORMATS.update({0x0A: (2, True), 0x0B: (4, True), 0x0C: (8, True)})
+
+
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+#: The FDE pointer encodings of nearly every file, (encoding, address size) -> how to
+#: unpack the start and length in one call: absolute 8 or 4 bytes (.debug_frame), and
+#: PC-relative signed 4 bytes (.eh_frame of GCC and Clang). The rest go through Reader.
+_QUICK_RANGES = {
+    (0x00, 8): struct.Struct("<QQ"),
+    (0x00, 4): struct.Struct("<II"),
+    (0x1B, 8): struct.Struct("<ii"),
+    (0x1B, 4): struct.Struct("<ii"),
+}
 
 
 class Reader:
@@ -203,10 +217,12 @@ def _split_entries(data: bytes, name: str) -> tuple[list[_Entry], list[str]]:
     entries: list[_Entry] = []
     offset = 0
     while offset + 4 <= len(data):
-        length = int.from_bytes(data[offset : offset + 4], "little")
+        length = _U32.unpack_from(data, offset)[0]
         id_offset, id_size = offset + 4, 4
         if length == 0xFFFF_FFFF:
-            length = int.from_bytes(data[offset + 4 : offset + 12], "little")
+            if offset + 12 > len(data):
+                return entries, [f"{name} entry at offset {offset:#x} runs past the section's end"]
+            length = _U64.unpack_from(data, offset + 4)[0]
             id_offset, id_size = offset + 12, 8
         end = id_offset + length
         if length == 0:  # a terminator; readelf reads on past it, and so do we
@@ -232,19 +248,40 @@ class _Parser:
 
     def fde(self, entry: _Entry) -> FdeEntry | None:
         """The FDE `entry` is, or None when it is a CIE."""
-        reader = Reader(self._data, entry.id_offset, entry.end, self._address)
-        pointer = reader.unsigned(entry.id_size)
+        data = self._data
+        pointer = (_U32 if entry.id_size == 4 else _U64).unpack_from(data, entry.id_offset)[0]
         if self._is_cie(pointer, entry.id_size):
             return None
         cie = self._cie(entry.id_offset - pointer if self._eh_frame else pointer)
+        position = entry.id_offset + entry.id_size
+        quick = _QUICK_RANGES.get((cie.fde_encoding, cie.address_size))
+        if quick is None or cie.segment_size or position + quick.size > entry.end:
+            return self._fde_read(entry, cie, position)
+        start, length = quick.unpack_from(data, position)
+        if cie.fde_encoding & _PE_PCREL:
+            start += self._address + position
+        position += quick.size
+        if cie.has_augmentation_data:
+            reader = Reader(data, position, entry.end, self._address)
+            reader.take(reader.uleb())
+            position = reader.position
+        return self._entry(entry, cie, start & MASK64, length, position)
+
+    def _fde_read(self, entry: _Entry, cie: Cie, position: int) -> FdeEntry:
+        """The general case: any pointer encoding, segments, checked at every read."""
+        reader = Reader(self._data, position, entry.end, self._address)
         reader.take(cie.segment_size)
         start = reader.pointer(cie.fde_encoding, cie.address_size)
         length = reader.pointer(cie.fde_encoding & 0x0F, cie.address_size)
         if cie.has_augmentation_data:
             reader.take(reader.uleb())
-        instructions_address = self._address + reader.position
-        instructions = self._data[reader.position : entry.end]
-        return FdeEntry(start, (start + length) & MASK64, cie, instructions, instructions_address)
+        return self._entry(entry, cie, start, length, reader.position)
+
+    def _entry(self, entry: _Entry, cie: Cie, start: int, length: int, position: int) -> FdeEntry:
+        instructions = self._data[position : entry.end]
+        return FdeEntry(
+            start, (start + length) & MASK64, cie, instructions, self._address + position
+        )
 
     def _is_cie(self, pointer: int, id_size: int) -> bool:
         if self._eh_frame:

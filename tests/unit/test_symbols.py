@@ -1,5 +1,6 @@
 """Symbolization of a real ELF built from data/symbols.c, checked against binutils' nm."""
 
+import gc
 import subprocess
 from pathlib import Path
 
@@ -9,7 +10,7 @@ from qmpprof.errors import BadElf
 from qmpprof.guest.example import ExampleGuestAdapter
 from qmpprof.model import FrameAddress, FrameKind
 from qmpprof.modules import load_module
-from qmpprof.symbols.elf import SymbolTable, load_symbols
+from qmpprof.symbols.elf import SymbolTable, collector_paused, load_symbols
 from qmpprof.symbols.symbolizer import Symbolizer
 from tests.fuzz.elf_edit import (
     E_MACHINE,
@@ -25,14 +26,20 @@ from tests.unit.conftest import build_elf
 
 def nm_functions(path: Path) -> dict[str, tuple[int, int]]:
     """name -> (address, size) of text symbols, as nm prints them."""
+    return nm_symbols(path, "tT", sized=True)  # type: ignore[return-value]
+
+
+def nm_symbols(path: Path, kinds: str = "dDbBrR", sized: bool = False) -> dict[str, object]:
+    """name -> address (or (address, size) when `sized`) of symbols of the nm `kinds`."""
     out = subprocess.run(
         ["nm", "-S", "--defined-only", str(path)], capture_output=True, text=True, check=True
     ).stdout
-    found = {}
+    found: dict[str, object] = {}
     for line in out.splitlines():
         parts = line.split()
-        if len(parts) == 4 and parts[2] in "tT":
-            found[parts[3]] = (int(parts[0], 16), int(parts[1], 16))
+        if len(parts) == 4 and parts[2] in kinds:
+            address, size = int(parts[0], 16), int(parts[1], 16)
+            found[parts[3]] = (address, size) if sized else address
     return found
 
 
@@ -186,3 +193,25 @@ def test_a_symbol_table_of_odd_sized_entries_is_refused(symbols_elf: Path, tmp_p
     damaged.write_bytes(with_section_field(data, ".symtab", "sh_entsize", size))
     with pytest.raises(BadElf, match=f"section [0-9]+ \\(.symtab\\) has entries of {size} bytes"):
         load_module(damaged)
+
+
+@pytest.mark.parametrize("flags", [("-O1", "-g"), ("-O2", "-no-pie"), ("-O0", "-static")])
+def test_every_sized_function_nm_lists_is_in_the_table(
+    tmp_path: Path, flags: tuple[str, ...]
+) -> None:
+    """The symbol table is unpacked in bulk: checked against nm for whole binaries
+    (a static one has thousands of functions, aliases and labels)."""
+    elf = build_elf("symbols.c", tmp_path, *flags)
+    table = load_symbols(elf)
+    expected = {(a, n) for a, n in nm_functions(elf).values() if n}
+    found = {(hit[0].address, hit[0].size) for a, _ in expected if (hit := table.lookup(a))}
+    assert len(expected) > 3 and found == expected
+
+
+def test_the_collector_is_paused_while_loading_and_left_as_it_was() -> None:
+    for enabled in (True, False):
+        (gc.enable if enabled else gc.disable)()
+        with collector_paused():
+            assert not gc.isenabled()
+        assert gc.isenabled() == enabled
+    gc.enable()

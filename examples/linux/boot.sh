@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Boot the Linux example guest (Debian's kernel, our initramfs) under TCG in the
+# background and wait until its init says it is ready.
+#
+#   boot.sh --qmp SOCKET [--gdb SOCKET] [--smp N] [--serial LOG] [--timeout SEC]
+#           [--nokaslr] [--abi ABI] [--extra-qmp SOCKET]
+#   boot.sh stop PID
+#
+# On success prints, one per line on stdout:
+#   pid=<QEMU pid> kernel=<debug vmlinux> vmlinuz=<boot image> qmp=<socket>
+#   gdb=<socket or empty> serial=<log> accel=tcg
+# Everything else (make, downloads, diagnostics) goes to stderr.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+QEMU=${QEMU:-qemu-system-x86_64}
+READY_LINE='qmpprof-linux: ready'
+MEMORY=256M
+
+die() {
+    echo "boot.sh: $*" >&2
+    exit 1
+}
+
+if [[ ${1:-} == stop ]]; then  # the example guest's stop: SIGTERM, then SIGKILL, QEMU only
+    exec "$HERE/../guest/boot.sh" "$@"
+fi
+
+qmp='' extra_qmp='' gdb='' smp=2 serial='' timeout=120 kaslr='' abi=''
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --qmp) qmp=${2:?--qmp needs a value}; shift 2 ;;
+        --gdb) gdb=${2:?--gdb needs a value}; shift 2 ;;
+        --extra-qmp) extra_qmp=${2:?--extra-qmp needs a value}; shift 2 ;;
+        --smp) smp=${2:?--smp needs a value}; shift 2 ;;
+        --serial) serial=${2:?--serial needs a value}; shift 2 ;;
+        --timeout) timeout=${2:?--timeout needs a value}; shift 2 ;;
+        --nokaslr) kaslr=nokaslr; shift ;;
+        --abi) abi=${2:?--abi needs a value}; shift 2 ;;
+        -h|--help) sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
+        *) die "unknown argument '$1'" ;;
+    esac
+done
+[[ -n $qmp ]] || die "--qmp SOCKET is required"
+[[ $smp =~ ^[1-9][0-9]*$ ]] || die "--smp must be a positive integer"
+[[ $timeout =~ ^[1-9][0-9]*$ ]] || die "--timeout must be a positive integer (seconds)"
+command -v "$QEMU" >/dev/null || die "$QEMU not found"
+qmp=$(realpath -m -- "$qmp")
+[[ -n $gdb ]] && gdb=$(realpath -m -- "$gdb")
+serial=$(realpath -m -- "${serial:-${qmp%.sock}-serial.log}")
+
+mkdir -p "$HERE/build"
+flock "$HERE/build/.make.lock" make -s -C "$HERE" >&2 || die "building the initramfs failed"
+cache=${QMPPROF_CACHE:-$HOME/.cache/qmpprof}
+mkdir -p "$cache"
+declare -A kernel  # several boot.sh may run at once: one fetch at a time
+while IFS='=' read -r key value; do kernel[$key]=$value; done < <(
+    flock "$cache/.fetch.lock" "$HERE/fetch.sh" $abi)
+[[ -n ${kernel[vmlinuz]:-} ]] || die "fetch.sh found no kernel"
+
+pidfile=$(mktemp "${TMPDIR:-/tmp}/qmpprof-linux.XXXXXX")
+trap 'rm -f "$pidfile"' EXIT
+args=(-accel tcg -display none -no-reboot -m "$MEMORY" -smp "$smp" -name qmpprof-linux
+      -kernel "${kernel[vmlinuz]}" -initrd "$HERE/build/initramfs.cpio"
+      -append "console=ttyS0 quiet panic=-1 $kaslr"
+      -serial "file:$serial" -qmp "unix:$qmp,server=on,wait=off"
+      -daemonize -pidfile "$pidfile")
+[[ -n $gdb ]] && args+=(-gdb "unix:$gdb,server=on,wait=off")
+# A second QMP monitor: another client (a benchmark watching for STOP) next to qmpprof.
+[[ -n $extra_qmp ]] && args+=(-qmp "unix:$(realpath -m -- "$extra_qmp"),server=on,wait=off")
+rm -f "$serial"
+"$QEMU" "${args[@]}" </dev/null >/dev/null || die "QEMU failed to start"
+pid=$(tr -d ' \n' <"$pidfile")
+
+deadline=$((SECONDS + timeout))
+until grep -qF "$READY_LINE" "$serial" 2>/dev/null; do
+    if ! kill -0 "$pid" 2>/dev/null || ((SECONDS >= deadline)); then
+        "$0" stop "$pid" >/dev/null 2>&1 || true
+        die "guest not ready within ${timeout}s (serial log: $serial, last line: '$(tail -n 1 "$serial" 2>/dev/null | tr -d '\r')')"
+    fi
+    sleep 0.2
+done
+
+echo "pid=$pid"
+echo "kernel=${kernel[vmlinux]}"
+echo "vmlinuz=${kernel[vmlinuz]}"
+echo "qmp=$qmp"
+echo "gdb=$gdb"
+echo "serial=$serial"
+echo "accel=tcg"

@@ -1,0 +1,74 @@
+/* The Linux example guest's init (PID 1), static, in the initramfs.
+ *
+ * Starts a few processes with names qmpprof can show, says it is ready on the
+ * console, then reaps children forever (PID 1 must not exit):
+ *   crunch  - CPU-bound in user space: main -> crunch_loop -> mix (frame pointers kept)
+ *   sysloop - system-call heavy: getppid() and a read of /dev/zero in a loop
+ *   sleeper - mostly asleep (nanosleep), so some vCPU time is idle
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define READY_LINE "qmpprof-linux: ready\n"
+
+static volatile unsigned long sink;
+
+__attribute__((noinline)) static unsigned long mix(unsigned long x) {
+    for (int i = 0; i < 1000; i++)
+        x = x * 6364136223846793005UL + 1442695040888963407UL;
+    return x;
+}
+
+__attribute__((noinline)) static void crunch_loop(void) {
+    unsigned long x = 1;
+    for (;;)
+        sink = x = mix(x);
+}
+
+static void sysloop(void) {
+    char buffer[4096];
+    int zero = open("/dev/zero", O_RDONLY);
+    for (;;) {
+        sink += (unsigned long)getppid();
+        if (zero >= 0)
+            sink += (unsigned long)read(zero, buffer, sizeof buffer);
+    }
+}
+
+static void sleeper(void) {
+    struct timespec pause = {0, 20 * 1000 * 1000};
+    for (;;)
+        nanosleep(&pause, NULL);
+}
+
+static void start(const char *name, void (*body)(void)) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_NAME, name, 0, 0, 0);
+        body();
+        _exit(0);
+    }
+    if (pid < 0)
+        dprintf(2, "init: fork for %s failed\n", name);
+}
+
+static void say(const char *text) {
+    if (write(1, text, strlen(text)) < 0)
+        return;
+}
+
+int main(void) {
+    start("crunch", crunch_loop);
+    start("sysloop", sysloop);
+    start("sleeper", sleeper);
+    say(READY_LINE);
+    for (;;)
+        if (wait(NULL) < 0)
+            pause();
+}
