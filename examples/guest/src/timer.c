@@ -13,8 +13,9 @@
  * TIMER_ACCOUNT_ITERATIONS is calibrated for TCG: about 0.4-0.5 ms per
  * interrupt, i.e. ~4-5 % of CPU time at 100 Hz on a quiet host (more on a
  * loaded one). It is a fixed iteration count, not a time, so the share differs
- * under other accelerators (smaller under a fast KVM). The stub sends the EOI
- * after timer_interrupt_handler returns.
+ * under other accelerators (smaller under a fast KVM); in the user workload a
+ * time cap (TIMER_ACCOUNT_MAX_US) bounds it on a slow host. The stub sends the
+ * EOI after timer_interrupt_handler returns.
  *
  * User workload (boot option workload=user, sched_running != 0): the same
  * stub and handler serve the LAPIC timer of every CPU (TIMER_HZ each; the
