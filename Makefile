@@ -33,12 +33,19 @@ fuzz: deps guest  ## every fuzz test (tests/fuzz) with FUZZ_CASES cases each; pr
 	QMPPROF_FUZZ_CASES=$(FUZZ_CASES) $(BIN)/pytest -q tests/fuzz
 
 ACCEL ?= tcg
-bench: deps guest  ## benchmarks, TCG by default (ACCEL=kvm where KVM works); each ends with JSON
+BENCH_STAMP := $(VENV)/.bench-installed
+bench: deps guest $(BENCH_STAMP)  ## benchmarks, TCG by default (ACCEL=kvm where KVM works); each ends with JSON
 	$(BIN)/python bench/unwind.py
 	$(BIN)/python bench/sample_cost.py --accel $(ACCEL)
 	$(BIN)/python bench/perturbation.py --accel $(ACCEL)
 	$(BIN)/python bench/max_rate.py --accel $(ACCEL)
+	$(BIN)/python bench/smp.py --accel $(ACCEL)
 	$(BIN)/python bench/startup.py
+
+# The optional `bench` dependencies (qemu.qmp, compared with qmpprof's own QMP client).
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[dev,bench]'
+	touch $@
 
 lint: deps  ## ruff (lint + format check), mypy --strict (code, tests, benchmarks) and the layering rules
 	$(BIN)/ruff check qmpprof tests $(wildcard bench)

@@ -17,6 +17,12 @@
                   (QmpSession.prime; the floor sends each command whole)
   naive_ms        the naive method: stop, registers, one HMP `x` per frame (following
                   the frame-pointer chain), cont; median of the walks at depth >= 8
+  session_ms      the floor's three commands (stop, info registers -a, cont) through
+                  qmpprof's own client, QmpSession.execute: what speaking QMP ourselves
+                  costs over a bare socket
+  qemu_qmp_ms     the same three commands through the qemu.qmp library's QMPClient,
+                  the client qmpprof chose not to use (`pip install -e .[bench]`; the
+                  column is skipped, with one line saying so, when it is missing)
 The methods take turns in --rounds rounds (this machine's load changes by the second),
 every tick of every method follows 2 ms of running VM (GAP_S, untimed), and each figure
 is the median of all its iterations; the last line is one JSON object.
@@ -26,16 +32,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import REGISTERS, booted_with_ram_file, floor_tick, median, sampling_session
 from qmpprof.record.sampler import RecordStats, paused_capture, running_capture
+from qmpprof.target.qmp import QmpSession
 from qmpprof.target.registers import parse_all
 from tests.guest_vm import BareQmp, Guest
 
@@ -54,6 +63,12 @@ def timed(count: int, once: Callable[[], object]) -> list[float]:
         once()
         durations.append(time.perf_counter() - started)
     return durations
+
+
+#: Whether the qemu.qmp library is installed (the optional `bench` dependencies).
+HAVE_QEMU_QMP = importlib.util.find_spec("qemu") is not None and (
+    importlib.util.find_spec("qemu.qmp") is not None
+)
 
 
 def floor_ms(guest: Guest, count: int, mode: str) -> list[float]:
@@ -115,6 +130,34 @@ async def qmpprof_ms(
     return [t - a for t, a in zip(totals, analysis, strict=True)], analysis
 
 
+async def client_ms(guest: Guest, count: int, client: str) -> list[float]:
+    """The floor's stop, info registers -a and cont through a QMP client library:
+    qmpprof's QmpSession or qemu.qmp's QMPClient."""
+    execute: Callable[..., Awaitable[Any]]
+    if client == "session":
+        session = await QmpSession.connect(guest.qmp)
+        execute, close = session.execute, session.close
+    else:
+        from qemu.qmp import QMPClient
+
+        library = QMPClient("qmpprof-bench")
+        await library.connect(guest.qmp)
+        execute, close = library.execute, library.disconnect
+
+    async def once() -> None:
+        await execute("stop")
+        await execute("human-monitor-command", REGISTERS)
+        await execute("cont")
+
+    async def before() -> None:
+        time.sleep(GAP_S)  # untimed, as for the floor
+
+    try:
+        return await timed_async(count, once, before)
+    finally:
+        await close()
+
+
 async def timed_async(
     count: int, once: Callable[[], Awaitable[None]], before: Callable[[], Awaitable[None]]
 ) -> list[float]:
@@ -127,26 +170,21 @@ async def timed_async(
     return durations
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--samples", type=int, default=60, help="iterations per method per round")
-    parser.add_argument("--accel", default="tcg")
-    args = parser.parse_args()
-    times: dict[str, list[float]] = {
-        "floor": [],
-        "floor_nonblocking": [],
-        "stop": [],
-        "stop_unprimed": [],
-        "nonblocking": [],
-        "nonblocking_primed": [],
-        "naive": [],
-        "analysis": [],
-    }
+CLIENTS = ("floor", "session", "qemu_qmp")
+
+
+def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], list[int]]:
+    """Every method's times (and the naive walks' depths), the methods taking turns."""
+    names = ["floor", "session", "qemu_qmp", "floor_nonblocking", "stop", "stop_unprimed"]
+    names += ["nonblocking", "nonblocking_primed", "naive", "analysis"]
+    times: dict[str, list[float]] = {name: [] for name in names}
     depths: list[int] = []
     with booted_with_ram_file("--accel", args.accel) as (guest, ram):
         for _ in range(args.rounds):
             times["floor"] += floor_ms(guest, args.samples, "stop")
+            times["session"] += asyncio.run(client_ms(guest, args.samples, "session"))
+            if HAVE_QEMU_QMP:
+                times["qemu_qmp"] += asyncio.run(client_ms(guest, args.samples, "qemu_qmp"))
             times["floor_nonblocking"] += floor_ms(guest, args.samples, "nonblocking")
             for mode in ("stop", "stop_unprimed", "nonblocking", "nonblocking_primed"):
                 path, analysis = asyncio.run(qmpprof_ms(guest, ram, args.samples, mode))
@@ -155,33 +193,67 @@ def main() -> None:
             naive, round_depths = naive_ms(guest, args.samples)
             times["naive"] += naive
             depths += round_depths
+    return times, depths
+
+
+def client_line(ms: dict[str, float | None]) -> str:
+    """The three QMP clients side by side, each with its ratio to the bare socket."""
+    labels = {"floor": "bare socket", "session": "QmpSession", "qemu_qmp": "qemu.qmp"}
+    cells = []
+    for name in CLIENTS:
+        value = ms[name]
+        floor = ms["floor"]
+        cells.append(
+            f"{labels[name]} {value:.3f} ms ({value / floor:.2f}x)"
+            if value is not None and floor
+            else f"{labels[name]} skipped"
+        )
+    return "stop + info registers -a + cont: " + ", ".join(cells)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--samples", type=int, default=60, help="iterations per method per round")
+    parser.add_argument("--accel", default="tcg")
+    args = parser.parse_args()
+    if not HAVE_QEMU_QMP:
+        print("qemu.qmp is not installed (pip install -e '.[bench]'): its column is skipped")
+    times, depths = measure(args)
     # The issue's comparison is at stack depth >= 8: keep the naive walks that deep.
     deep = [t for t, d in zip(times["naive"], depths, strict=True) if d >= DEEP]
     times["naive"] = deep or times["naive"]
-    ms = {name: median(values) * 1000 for name, values in times.items()}
+    ms: dict[str, float | None] = {
+        name: median(values) * 1000 if values else None for name, values in times.items()
+    }
     depth = DEEP if deep else median([float(d) for d in depths])
     print(
-        ", ".join(f"{name} {value:.3f} ms" for name, value in ms.items())
+        ", ".join(f"{name} {value:.3f} ms" for name, value in ms.items() if value is not None)
         + f" (naive over {len(times['naive'])} walks of depth >= {depth:.0f})"
     )
-    print(
-        json.dumps(
-            {
-                "floor_ms": round(ms["floor"], 3),
-                "stop_ms": round(ms["stop"], 3),
-                "stop_unprimed_ms": round(ms["stop_unprimed"], 3),
-                "floor_nonblocking_ms": round(ms["floor_nonblocking"], 3),
-                "nonblocking_ms": round(ms["nonblocking"], 3),
-                "nonblocking_primed_ms": round(ms["nonblocking_primed"], 3),
-                "naive_ms": round(ms["naive"], 3),
-                "analysis_ms": round(ms["analysis"], 3),
-                "naive_depth": depth,
-                "stop_over_floor": round(ms["stop"] / ms["floor"], 2),
-                "naive_over_stop": round(ms["naive"] / ms["stop"], 2),
-                "nonblocking_over_floor": round(ms["nonblocking"] / ms["floor_nonblocking"], 2),
-            }
-        )
-    )
+    print(client_line(ms))
+    print(json.dumps(summary(ms, depth)))
+
+
+def summary(ms: dict[str, float | None], depth: float) -> dict[str, float | None]:
+    """The JSON line: every median, rounded, and the ratios the README quotes."""
+
+    def ratio(top: str, bottom: str) -> float | None:
+        over, under = ms[top], ms[bottom]
+        return round(over / under, 2) if over is not None and under else None
+
+    figures: dict[str, float | None] = {
+        f"{name}_ms": None if value is None else round(value, 3) for name, value in ms.items()
+    }
+    return figures | {
+        "naive_depth": depth,
+        "stop_over_floor": ratio("stop", "floor"),
+        "naive_over_stop": ratio("naive", "stop"),
+        "nonblocking_over_floor": ratio("nonblocking", "floor_nonblocking"),
+        "session_over_floor": ratio("session", "floor"),
+        "qemu_qmp_over_floor": ratio("qemu_qmp", "floor"),
+        "qemu_qmp_over_session": ratio("qemu_qmp", "session"),
+    }
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Boot the qmpprof example guest in the background and wait until it is ready.
 #
-#   boot.sh --qmp SOCKET [--gdb SOCKET] [--smp N] [--accel tcg|kvm|auto]
+#   boot.sh --qmp SOCKET [--gdb SOCKET] [--smp N] [--accel tcg[,thread=single|multi]|kvm|auto]
 #           [--serial LOG] [--variant fp] [--memory-backend PATH] [--timeout SEC]
 #           [--workload kernel|user] [--extra-qmp SOCKET]
 #   boot.sh stop PID
@@ -84,7 +84,7 @@ done
 [[ $smp =~ ^[1-9][0-9]*$ ]] || die "--smp must be a positive integer"
 [[ $timeout =~ ^[1-9][0-9]*$ ]] || die "--timeout must be a positive integer (seconds)"
 [[ $variant =~ ^[A-Za-z0-9_]+$ ]] || die "bad --variant '$variant'"
-case $accel in tcg|kvm|auto) ;; *) die "--accel must be tcg, kvm or auto" ;; esac
+case $accel in tcg|tcg,thread=single|tcg,thread=multi|kvm|auto) ;; *) die "--accel must be tcg, tcg,thread=single, tcg,thread=multi, kvm or auto" ;; esac
 case $workload in kernel|user) ;; *) die "--workload must be kernel or user" ;; esac
 command -v "$QEMU" >/dev/null || die "$QEMU not found"
 

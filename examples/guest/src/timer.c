@@ -13,8 +13,9 @@
  * TIMER_ACCOUNT_ITERATIONS is calibrated for TCG: about 0.4-0.5 ms per
  * interrupt, i.e. ~4-5 % of CPU time at 100 Hz on a quiet host (more on a
  * loaded one). It is a fixed iteration count, not a time, so the share differs
- * under other accelerators (smaller under a fast KVM). The stub sends the EOI
- * after timer_interrupt_handler returns.
+ * under other accelerators (smaller under a fast KVM); in the user workload a
+ * time cap (TIMER_ACCOUNT_MAX_US) bounds it on a slow host. The stub sends the
+ * EOI after timer_interrupt_handler returns.
  *
  * User workload (boot option workload=user, sched_running != 0): the same
  * stub and handler serve the LAPIC timer of every CPU (TIMER_HZ each; the
@@ -26,22 +27,49 @@
 #include "proc.h"
 
 #define TIMER_ACCOUNT_ITERATIONS 160000
+/* User workload: a tick's accounting stops after this much guest time even if
+ * its rounds are not done, so that a slow or overcommitted host (8 vCPU
+ * threads on 2 host cores, or a VM paused and resumed hundreds of times a
+ * second) cannot make the handler outlast the tick and keep a CPU in it for
+ * good. A fifth of the 10 ms period: on a host that runs each vCPU at full
+ * speed the rounds take ~0.5 ms and the cap never applies. */
+#define TIMER_ACCOUNT_MAX_US 2000
+#define TIMER_ACCOUNT_CHECK_EVERY 1024      /* rounds between two TSC reads */
 
 volatile uint64_t timer_ticks;
-/* Bumped once per timer_account_leaf round (TIMER_ACCOUNT_ITERATIONS per
- * interrupt). */
+/* timer_account_leaf rounds on all CPUs: TIMER_ACCOUNT_ITERATIONS per
+ * interrupt (fewer if TIMER_ACCOUNT_MAX_US cut it short), added once at the
+ * end of each (atomically: every CPU adds). */
 volatile uint64_t timer_account_rounds;
+/* Interrupts whose accounting TIMER_ACCOUNT_MAX_US cut short (all CPUs). */
+volatile uint64_t timer_account_cut;
 
 /* Result of the accounting work, so that nothing is optimized away. */
 static uint64_t timer_account_state = 0x2545f4914f6cdd1dULL;
 
+/* Each round stores its count to memory, as the workload leaves do, but to
+ * this CPU's own stack. A shared global bumped every round was one cache line
+ * written by every CPU at once: under multi-threaded TCG (one host thread per
+ * vCPU) each store then waits for the line, a tick's 160000 rounds outlast
+ * the 10 ms period, the next tick is already pending when the handler
+ * returns, and with --smp 8 every CPU ends up in this loop for good (no idle,
+ * no process runs; see README "SMP"). */
 CHAIN_FN uint64_t timer_account_leaf(uint64_t x)
 {
+    /* tsc_per_ms is 0 in the kernel workload (one CPU, no calibration): no cap */
+    uint64_t budget = TIMER_ACCOUNT_MAX_US * tsc_per_ms / 1000;
+    uint64_t deadline = budget ? rdtsc() + budget : ~0ULL;
+    volatile uint64_t rounds = 0;
     for (unsigned i = 0; i < TIMER_ACCOUNT_ITERATIONS; i++) {
         x = x * 2862933555777941757ULL + 3037000493ULL;           /* LCG */
         x ^= x >> 33;
-        timer_account_rounds = timer_account_rounds + 1;
+        rounds = rounds + 1;
+        if (i % TIMER_ACCOUNT_CHECK_EVERY == 0 && rdtsc() > deadline) {
+            __atomic_add_fetch(&timer_account_cut, 1, __ATOMIC_RELAXED);
+            break;
+        }
     }
+    __atomic_add_fetch(&timer_account_rounds, rounds, __ATOMIC_RELAXED);
     return x;
 }
 
