@@ -26,9 +26,11 @@ from qmpprof.target import qmp
 from qmpprof.target.qmp import QmpSession, RunEvent
 from tests.unit.qmp_replay import Chunk, Replay, recorded, serve, until
 
-#: Long enough for a reply that is in the socket, short enough not to slow the tests:
-#: these timeouts only ever expire when nothing is coming.
+#: For waits that must expire (nothing is coming): short, not to slow the tests.
 SHORT_S = 0.05
+#: For waits that must not expire: the fake QEMU answers at once, but a loaded host may
+#: not run this process for a while.
+PATIENT_S = 60.0
 
 
 @pytest.fixture
@@ -37,11 +39,11 @@ def socket_path() -> Iterator[Path]:
         yield Path(name) / "qmp.sock"
 
 
-async def replayed(path: Path, replay: Replay) -> QmpSession:
+async def replayed(path: Path, replay: Replay, timeout: float = PATIENT_S) -> QmpSession:
     """A session connected to a fake QEMU replaying `replay`."""
     server = await serve(path, replay)
     _SERVERS.append(server)
-    return await QmpSession.connect(str(path), timeout=SHORT_S)
+    return await QmpSession.connect(str(path), timeout=timeout)
 
 
 _SERVERS: list[asyncio.Server] = []
@@ -122,7 +124,7 @@ async def test_primed_commands_run_once_or_are_cancelled_unrun(socket_path: Path
 async def test_a_silent_socket_times_out_as_asked(socket_path: Path) -> None:
     replay = Replay([])
     with pytest.raises(ConnectionFailed, match=r"no QMP greeting within 0\.05 s"):
-        await replayed(socket_path, replay)
+        await replayed(socket_path, replay, timeout=SHORT_S)
 
 
 async def test_a_command_qemu_never_answers_times_out(
