@@ -5,6 +5,7 @@ The whole tree (`python -c "import qmpprof.errors"` imports nothing else of qmpp
     QmpprofError                 one line for the user (cli.py prints it, exit 1)
     ├── ConnectionFailed         the socket is missing, silent, or not QMP
     ├── TargetGone               QEMU closed the connection
+    ├── BadQmpMessage            QEMU sent a line that is not a QMP message (connection dropped)
     ├── CommandFailed            QEMU refused a command or did not answer in time
     ├── MonitorStuck             the monitor stopped answering; the VM resumed on a new connection
     ├── ResumeFailed             qmpprof paused the VM and could not resume it (`qmpprof resume`)
@@ -43,6 +44,12 @@ class ConnectionFailed(QmpprofError):
 
 class TargetGone(QmpprofError):
     """QEMU closed the connection (it exited, or was killed) while we were using it."""
+
+
+class BadQmpMessage(QmpprofError):
+    """QEMU's monitor sent a line that is not a QMP message (not JSON, not a JSON object,
+    or endless): the connection is dropped, since no later reply could be matched to its
+    command with certainty."""
 
 
 class CommandFailed(QmpprofError):

@@ -8,12 +8,20 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 SEED = int(os.environ.get("QMPPROF_SEED", "0"))
 
+#: Hypothesis's time limits (a deadline per example, the too_slow health check on
+#: drawing) are timing thresholds: a loaded host would fail them. A test that sets its
+#: own suppress_health_check replaces this list, so it names too_slow again.
 settings.register_profile(
-    "qmpprof", derandomize=SEED == 0, database=None, print_blob=True, deadline=None
+    "qmpprof",
+    derandomize=SEED == 0,
+    database=None,
+    print_blob=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("qmpprof")
 

@@ -20,7 +20,8 @@ from qmpprof.model import Mode, RecordStats
 from qmpprof.top_stats import Row, SortKey, TopStats
 from qmpprof.visible import visible
 
-KEYS_HELP = "o/t/n sort · k kernel · u user · i idle · p processes · r reset · space pause · q quit"
+#: Under 80 columns either way: a line that wraps pushes the table down a row.
+KEYS_HELP = "o/t/n sort  k/u/i kernel/user/idle  p processes  r reset  space {}  q quit"
 HELP_TEXT = """Keys
   o  sort by own samples (the function itself is running)
   t  sort by total samples (the function is anywhere on the stack)
@@ -58,12 +59,15 @@ def render(stats: TopStats, record: RecordStats, state: ViewState, title: str) -
     """The whole screen for one refresh."""
     if state.help:
         return Text(HELP_TEXT)
+    # The header says the display is paused: it is read first, and cut (at the title)
+    # rather than wrapped in a narrow terminal.
+    header = ("[display paused]  " if state.paused else "") + _header(record, title)
     parts: list[RenderableType] = [
-        Text(_header(record, title), no_wrap=True, overflow="ellipsis"),
+        Text(header, no_wrap=True, overflow="ellipsis"),
         Text(_modes(stats), no_wrap=True, overflow="ellipsis"),
         Text(_vcpus(stats), no_wrap=True, overflow="ellipsis"),
         _table(stats, state),
-        Text(KEYS_HELP + ("  [display paused]" if state.paused else ""), style="dim"),
+        Text(KEYS_HELP.format("resume" if state.paused else "pause"), style="dim"),
     ]
     return Group(*parts)
 
@@ -81,7 +85,7 @@ def _header(record: RecordStats, title: str) -> str:
     paused = 100 * record.paused_s / record.elapsed_s if record.elapsed_s else 0.0
     # The figures first: a long socket path is what gets cut in a narrow terminal.
     return (
-        f"{record.rate_hz:.1f} samples/s  late {record.late}  failed {record.failed}  "
+        f"{record.rate_hz:.1f} ticks/s  late {record.late}  failed {record.failed}  "
         f"VM paused {paused:.1f}%  — qmpprof top {visible(title)}"
     )
 

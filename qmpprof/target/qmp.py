@@ -19,7 +19,7 @@ trip). A primed command that is not executed is cancelled, never run (see prime)
 
 Every method raises a QmpprofError subclass: ConnectionFailed while connecting,
 TargetGone when QEMU disappears, CommandFailed when QEMU refuses a command or does
-not answer in time.
+not answer in time, BadQmpMessage when it sends a line that is not a QMP message.
 """
 
 from __future__ import annotations
@@ -36,7 +36,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from qmpprof.errors import CommandFailed, ConnectionFailed, TargetGone, TickOverrun
+from qmpprof.errors import (
+    BadQmpMessage,
+    CommandFailed,
+    ConnectionFailed,
+    QmpprofError,
+    TargetGone,
+    TickOverrun,
+)
 from qmpprof.target.marker import PauseMarker
 from qmpprof.target.pause import paused
 
@@ -67,6 +74,10 @@ class RunEvent:
 
     running: bool
     stamp_us: int | None
+
+
+class _Malformed(ValueError):
+    """A line from QEMU that is not a QMP message; str() says what is wrong with it."""
 
 
 class _QmpProtocol(asyncio.BufferedProtocol):
@@ -143,16 +154,16 @@ class _QmpProtocol(asyncio.BufferedProtocol):
             if line.strip():
                 self._message(line)
         if len(self._buffer) > MAX_LINE:
-            self._fail(ValueError("monitor line too long"))
+            self._fail(_Malformed(f"a line longer than {MAX_LINE} bytes"))
 
     def _message(self, line: bytes) -> None:
         try:
             message = json.loads(line)
         except ValueError as err:
-            self._fail(err)
+            self._fail(_Malformed(f"not JSON: {err}"))
             return
         if not isinstance(message, dict):
-            self._fail(ValueError("not a JSON object"))
+            self._fail(_Malformed(f"JSON {type(message).__name__}, not an object"))
         elif "event" in message:
             self._event(message)
         elif not self.greeting.done():
@@ -181,7 +192,8 @@ class _QmpProtocol(asyncio.BufferedProtocol):
         self._fail(exc or EOFError("QEMU closed the connection"))
 
     def _fail(self, error: Exception) -> None:
-        self.closed = error
+        if self.closed is None:  # the first failure says why; closing then adds an EOF
+            self.closed = error
         for future in [self.greeting, *self.pending]:
             if future is not None and not future.done():
                 future.set_exception(error)
@@ -201,8 +213,9 @@ class QmpSession:
         #: When the last `stop` was sent (its last byte), by the host's real-time clock in
         #: microseconds, as QEMU stamps events: a STOP stamped before it is not ours.
         self.stop_sent_us: int | None = None
-        #: Set when a command timed out: QEMU may still be busy with it, and the replies
-        #: of this connection can no longer be trusted to come in time.
+        #: Set when a command timed out (QEMU may still be busy with it) or QEMU sent a
+        #: malformed line: the replies of this connection can no longer be trusted to come
+        #: in time, or at all, so a VM we paused is resumed on a fresh one (target.pause).
         self.timed_out = False
         #: The pause marker of this socket once claimed (target.recovery), else None.
         self.marker: PauseMarker | None = None
@@ -243,7 +256,7 @@ class QmpSession:
             raise ConnectionFailed(self.path, _NOT_QMP)
         try:
             await self.execute("qmp_capabilities")
-        except (CommandFailed, TargetGone) as err:
+        except (CommandFailed, TargetGone, BadQmpMessage) as err:
             raise ConnectionFailed(self.path, f"capability negotiation failed ({err})") from err
 
     async def close(self) -> None:
@@ -287,8 +300,15 @@ class QmpSession:
     def _write(self, data: bytes, command: str) -> None:
         transport = self._protocol.transport
         if self._protocol.closed is not None or transport is None:
-            raise TargetGone(f"QEMU closed the QMP connection before {command!r}")
+            raise self._lost(self._protocol.closed, f"before {command!r}")
         transport.write(data)
+
+    def _lost(self, error: Exception | None, when: str) -> QmpprofError:
+        """What to raise for a connection that ended with `error`, `when` a command went."""
+        if isinstance(error, _Malformed):
+            self.timed_out = True
+            return BadQmpMessage(f"QEMU's monitor sent a malformed line {when} ({error})")
+        return TargetGone(f"QEMU closed the QMP connection {when}")
 
     def _send(self, *requests: tuple[str, bytes]) -> list[asyncio.Future[dict[str, Any]]]:
         """Send (command, encoded) requests in one write, completing a primed one; the
@@ -337,7 +357,7 @@ class QmpSession:
             self.timed_out = True
             raise CommandFailed(command, f"no answer within {COMMAND_TIMEOUT_S:g} s") from err
         except (OSError, EOFError, ValueError) as err:
-            raise TargetGone(f"QEMU closed the QMP connection during {command!r}") from err
+            raise self._lost(err, f"during {command!r}") from err
         finally:
             if timer is not None:
                 timer.cancel()

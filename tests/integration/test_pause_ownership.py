@@ -5,7 +5,9 @@ exited, in stop and nonblocking mode, at a low and a high rate, for `record` and
 Deterministic: the other client stops the VM while qmpprof is frozen (SIGSTOP) where
 it waits for its next tick, so no command of qmpprof's is in flight and the other
 client's `stop` is the one that pauses the VM (it sees its own STOP before its reply).
-qmpprof is then let go and must find the VM paused by someone else.
+qmpprof is then let go and must find the VM paused by someone else. A recording has no
+end of its own that could come first (a loaded host may take seconds to catch it between
+ticks): the test ends it with SIGINT once qmpprof has shown it ticked after the stop.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import pytest
 import qmpprof.record.sampler as sampler
 import qmpprof.target.qmp as qmp
 from qmpprof.analysis import Analyzer
+from qmpprof.cli import MAX_DURATION_S
 from qmpprof.errors import MonitorStuck
 from qmpprof.model import EndReason
 from qmpprof.modules import load_module
@@ -31,7 +34,7 @@ from qmpprof.record.sampler import LoopConfig, sample_loop
 from qmpprof.target.memory import HmpMemory
 from qmpprof.target.qmp import QmpSession, paused
 from tests.integration.conftest import Guest, record_args, run_qmpprof, running_guest
-from tests.integration.watcher import Watcher, freeze_between_ticks, watching
+from tests.integration.watcher import PipeText, Watcher, freeze_between_ticks, watching
 
 
 @pytest.fixture
@@ -43,8 +46,14 @@ def watched(workdir: Path) -> Iterator[tuple[Guest, str]]:
         yield guest, other
 
 
+#: Every tick's progress is shown, about once a second, as a line starting with this
+#: when stderr is not a terminal (console/progress.py).
+PROGRESS = "progress:"
+
+
 def start_record(guest: Guest, output: Path, *extra: str) -> subprocess.Popen[str]:
-    args = record_args(guest.qmp, guest.kernel, 3, output, *extra)
+    """qmpprof recording until it gets a signal (the longest duration it accepts)."""
+    args = record_args(guest.qmp, guest.kernel, int(MAX_DURATION_S), output, *extra)
     return subprocess.Popen(
         [sys.executable, "-m", "qmpprof", *args],
         stdout=subprocess.PIPE,
@@ -67,16 +76,21 @@ def test_record_never_undoes_a_stop_that_took_effect(
     extra = ["--rate", rate] + (["--nonblocking"] if mode == "nonblocking" else [])
     with watching(other) as watcher:
         record = start_record(guest, tmp_path / "p.folded", *extra)
+        stderr = PipeText(record.stderr)
         try:
             assert freeze_between_ticks(record), "qmpprof ended before its first tick"
+            stderr.drain()  # the progress shown before the freeze
             assert watcher.stop_took_effect()
             stopped_at = len(watcher.events)
             os.kill(record.pid, signal.SIGCONT)
+            # Progress is shown after a tick: this one came after the stop.
+            assert stderr.wait_for(PROGRESS), stderr.text
+            os.kill(record.pid, signal.SIGINT)
             out, err = record.communicate(timeout=60)
         finally:
             record.kill()
             record.wait()
-        assert record.returncode == 0, err
+        assert record.returncode == 0, stderr.text + err
         assert_never_resumed(watcher, stopped_at)
         assert "skipped while the VM was paused by others" in out
         assert guest.status() == "paused"

@@ -9,6 +9,7 @@ previous tick has ended, and nowhere else in its main thread."""
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 #: x86-64 clock_nanosleep: what /proc/PID/syscall starts with while qmpprof waits for a tick.
 CLOCK_NANOSLEEP = "230"
@@ -148,3 +150,39 @@ def freeze_between_ticks(process: subprocess.Popen[str]) -> bool:
             return True
         os.kill(pid, signal.SIGCONT)
     return False
+
+
+class PipeText:
+    """What a child process writes to a pipe, read with os.read: nothing is left in a
+    buffer of ours, so Popen.communicate reads the rest after us."""
+
+    def __init__(self, pipe: IO[str] | None) -> None:
+        assert pipe is not None
+        self._fd = pipe.fileno()
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.text = ""
+
+    def drain(self) -> None:
+        """Read what the pipe holds now, without waiting: with the writer frozen, this is
+        everything it wrote before."""
+        os.set_blocking(self._fd, False)
+        try:
+            while self._read_chunk():
+                pass
+        except BlockingIOError:
+            pass
+        finally:
+            os.set_blocking(self._fd, True)
+
+    def wait_for(self, needle: str) -> bool:
+        """Block until `needle` is in what arrives from now on; False at end of file."""
+        start = len(self.text)
+        while needle not in self.text[start:]:
+            if not self._read_chunk():
+                return False
+        return True
+
+    def _read_chunk(self) -> bool:
+        chunk = os.read(self._fd, 65536)
+        self.text += self._decoder.decode(chunk)
+        return bool(chunk)

@@ -365,7 +365,7 @@ addresses = st.one_of(
 
 @pytest.mark.parametrize("examples", examples(400))
 def test_random_memory_and_registers_only_ever_fault(examples: int) -> None:
-    @settings(max_examples=examples, deadline=200)
+    @settings(max_examples=examples, deadline=None)
     @given(
         data=st.binary(min_size=64, max_size=4096),
         cr0=st.sampled_from([0, CR0_PG]) | registers,

@@ -8,20 +8,29 @@ values below are QEMU's, read from the recordings.
 from __future__ import annotations
 
 import asyncio
+import re
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-from qmpprof.errors import CommandFailed, ConnectionFailed, TargetGone, TickOverrun
+from qmpprof.errors import (
+    BadQmpMessage,
+    CommandFailed,
+    ConnectionFailed,
+    TargetGone,
+    TickOverrun,
+)
 from qmpprof.target import qmp
 from qmpprof.target.qmp import QmpSession, RunEvent
 from tests.unit.qmp_replay import Chunk, Replay, recorded, serve, until
 
-#: Long enough for a reply that is in the socket, short enough not to slow the tests:
-#: these timeouts only ever expire when nothing is coming.
+#: For waits that must expire (nothing is coming): short, not to slow the tests.
 SHORT_S = 0.05
+#: For waits that must not expire: the fake QEMU answers at once, but a loaded host may
+#: not run this process for a while.
+PATIENT_S = 60.0
 
 
 @pytest.fixture
@@ -30,11 +39,11 @@ def socket_path() -> Iterator[Path]:
         yield Path(name) / "qmp.sock"
 
 
-async def replayed(path: Path, replay: Replay) -> QmpSession:
+async def replayed(path: Path, replay: Replay, timeout: float = PATIENT_S) -> QmpSession:
     """A session connected to a fake QEMU replaying `replay`."""
     server = await serve(path, replay)
     _SERVERS.append(server)
-    return await QmpSession.connect(str(path), timeout=SHORT_S)
+    return await QmpSession.connect(str(path), timeout=timeout)
 
 
 _SERVERS: list[asyncio.Server] = []
@@ -115,7 +124,7 @@ async def test_primed_commands_run_once_or_are_cancelled_unrun(socket_path: Path
 async def test_a_silent_socket_times_out_as_asked(socket_path: Path) -> None:
     replay = Replay([])
     with pytest.raises(ConnectionFailed, match=r"no QMP greeting within 0\.05 s"):
-        await replayed(socket_path, replay)
+        await replayed(socket_path, replay, timeout=SHORT_S)
 
 
 async def test_a_command_qemu_never_answers_times_out(
@@ -192,13 +201,32 @@ def with_reply(chunks: list[Chunk], marker: bytes, line: bytes) -> list[Chunk]:
 
 
 @pytest.mark.parametrize(
-    "line", [b'{"return": {"status": "running"\r\n', b"[1, 2]\r\n"], ids=["cut", "array"]
+    ("line", "reason"),
+    [
+        (b'{"return": {"status": "running"\r\n', r"not JSON: Expecting ',' delimiter"),
+        (b"[1, 2]\r\n", "JSON list, not an object"),
+        (b'"running"\r\n', "JSON str, not an object"),
+        (b"\xff\x1b[2J\r\n", "not JSON: 'utf-8' codec can't decode byte 0xff"),
+        (b'{"return": "' + b"x" * 100, "a line longer than 64 bytes"),
+    ],
+    ids=["cut", "array", "string", "binary", "endless"],
 )
-async def test_a_malformed_line_ends_the_session(socket_path: Path, line: bytes) -> None:
+async def test_a_malformed_line_is_its_own_error_and_ends_the_session(
+    socket_path: Path, monkeypatch: pytest.MonkeyPatch, line: bytes, reason: str
+) -> None:
+    """Not "QEMU closed the connection": QEMU is there, but what it said cannot be trusted
+    to match the commands, so the session ends and a VM it paused is resumed afresh."""
+    monkeypatch.setattr(qmp, "MAX_LINE", 64)
     replay = Replay(with_reply(recorded("commands"), b'"running": true', line))
     session = await replayed(socket_path, replay)
-    with pytest.raises(TargetGone, match="during 'query-status'"):
+    with pytest.raises(BadQmpMessage) as raised:
         await session.execute("query-status")
+    message = str(raised.value)
+    assert message.startswith("QEMU's monitor sent a malformed line during 'query-status' (")
+    assert re.search(reason, message) and "\n" not in message and "\x1b" not in message
+    assert session.timed_out  # target.pause resumes on a fresh connection
+    with pytest.raises(BadQmpMessage, match="malformed line before 'human-monitor-command'"):
+        await session.hmp("info registers", cpu=1)
     await session.close()
 
 
