@@ -89,6 +89,11 @@ class GdbMi:
         done = next(line for line in output if line.startswith("^done"))
         return done.split('value="', 1)[1].rsplit('"', 1)[0]
 
+    def detach(self) -> None:
+        """Let the VM run without GDB: while GDB is attached to a running VM, qmpprof's
+        `stop` reaches GDB as a stop, and GDB's answer pauses the VM again (README)."""
+        self.command("-target-detach")
+
     def close(self) -> None:
         """Quit GDB; detaching lets the VM run again."""
         try:
