@@ -42,11 +42,12 @@ from qmpprof.unwind.unwinder import Strategy, dwarf_registers, unwind
 
 @dataclass(frozen=True)
 class Examined:
-    """A sample unwound with the memory it has, and an address it still misses (one the
-    unwind faulted on, else one the OS adapter needed); None when nothing is missing."""
+    """A sample unwound with the memory it has, and the addresses it still misses: the
+    one the unwind faulted on, then the one the OS adapter needed (each independent of
+    the other); empty when nothing is missing."""
 
     sample: CapturedSample
-    missing: int | None
+    missing: tuple[int, ...]
 
 
 class Analyzer:
@@ -100,13 +101,15 @@ class Analyzer:
     def examine(self, raw: RawSample) -> Examined:
         """`raw`'s stack and process as far as its memory allows, and what it misses."""
         stack = self._unwind(raw)
-        missing = stack.fault_address if stack.stop is StopReason.FAULT else None
+        missing = []
+        if stack.stop is StopReason.FAULT and stack.fault_address is not None:
+            missing.append(stack.fault_address)
         try:
             process = self.adapter.process(raw.registers, WindowMemory(raw.windows))
         except MemoryFault as fault:
             process = None
-            missing = fault.address if missing is None else missing
-        return Examined(CapturedSample(raw, stack, process), missing)
+            missing.append(fault.address)
+        return Examined(CapturedSample(raw, stack, process), tuple(missing))
 
     def _unwind(self, raw: RawSample) -> UnwoundStack:
         regs = raw.registers

@@ -98,14 +98,21 @@ class Capturer:
         return MemoryWindow(base, data) if data else None
 
     async def _complete(self, raw: RawSample) -> CapturedSample:
-        """Examine `raw`, fetching what it still misses a bounded number of times."""
+        """Examine `raw`, fetching what it still misses, at most MAX_EXTRA_WINDOWS windows.
+        An address that cannot be read is not asked for again, and does not keep the
+        others (the unwind's end past a stack's top, the process) from being read."""
         examined = self._analyzer.examine(raw)
-        for _ in range(MAX_EXTRA_WINDOWS):
-            if examined.missing is None:
+        unreadable: set[int] = set()
+        reads = 0
+        while reads < MAX_EXTRA_WINDOWS:
+            wanted = [address for address in examined.missing if address not in unreadable]
+            if not wanted:
                 break
-            window = await self._window_at(raw.vcpu, examined.missing)
+            reads += 1
+            window = await self._window_at(raw.vcpu, wanted[0])
             if window is None:
-                break
+                unreadable.add(wanted[0])
+                continue
             raw = replace(raw, windows=(*raw.windows, window))
             examined = self._analyzer.examine(raw)
         return examined.sample

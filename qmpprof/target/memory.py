@@ -66,8 +66,17 @@ class HmpMemory:
         return await _in_chunks(self._read, cpu, address, _clamp(address, size), HMP_CHUNK)
 
     async def _read(self, cpu: int, address: int, size: int) -> bytes:
-        text = await self._session.hmp(f"x /{size // 8}gx {address:#x}", cpu=cpu)
-        return parse_hmp_words(text, address)
+        # `x` reads whole words: a size that is not a multiple of 8 takes one more word
+        # (unless that would run past the address space) and drops its extra bytes.
+        words = min(-(-size // 8), (_ADDRESS_SPACE_END - address) // 8)
+        text = await self._session.hmp(f"x /{words}gx {address:#x}", cpu=cpu)
+        data = parse_hmp_words(text, address)
+        end = address + len(data)
+        if len(data) < size and (end + 8) % PAGE_SIZE == 0:
+            # `x` reads two words a line, and a line that runs into an unreadable page
+            # fails whole: the last word of a readable page is asked for alone.
+            data += parse_hmp_words(await self._session.hmp(f"x /1gx {end:#x}", cpu=cpu), end)
+        return data[:size]
 
     async def close(self) -> None:
         pass
@@ -185,4 +194,5 @@ def as_qmp_int64(address: int) -> int:
 
 
 def _clamp(address: int, size: int) -> int:
-    return max(0, min(size, _ADDRESS_SPACE_END - address)) // 8 * 8
+    """`size`, cut where the address space ends."""
+    return max(0, min(size, _ADDRESS_SPACE_END - address))

@@ -196,22 +196,6 @@ async def test_the_process_is_read_in_an_extra_window_where_nm_puts_cpu_current(
     assert extra.base <= cpu_current < extra.end
 
 
-#: Bugs these recordings show (a fix changes the requests: re-record, drop the mark).
-UNIDENTIFIED_THROUGH_HMP = pytest.mark.xfail(
-    strict=True,
-    reason="HmpMemory reads whole 8-byte words: crunch's 1177-byte .text reads as 1176 "
-    "bytes, never matches its file (record/identify.py), so no user binary is identified "
-    "through HMP and user frames cannot use its CFI or symbols",
-)
-PROCESS_LOST_AFTER_A_FAULT = pytest.mark.xfail(
-    strict=True,
-    reason="Capturer._complete stops at the first missing address it cannot read: an "
-    "unwind that ends by faulting past the top of the user stack leaves the OS adapter's "
-    "cpu_current unread, and the sample without its process",
-)
-
-
-@UNIDENTIFIED_THROUGH_HMP
 async def test_user_code_is_unwound_with_its_program_as_gdb_does(analyzer: Analyzer) -> None:
     samples = await captured(analyzer, "capture_user")
     for sample in samples:
@@ -219,7 +203,6 @@ async def test_user_code_is_unwound_with_its_program_as_gdb_does(analyzer: Analy
         assert addresses(sample) == [address for address, _ in gdb_frames(sample.raw.vcpu)]
 
 
-@PROCESS_LOST_AFTER_A_FAULT
 async def test_the_interrupted_vcpu_has_its_process(analyzer: Analyzer) -> None:
     vcpu = over_user_code()
     sample = (await captured(analyzer, "capture_user"))[vcpu]
