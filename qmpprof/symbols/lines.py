@@ -2,21 +2,23 @@
 
 A kernel's .debug_info can be 500 MB while a dump needs a handful of addresses. So the
 DWARF sections are mapped, not read; the compilation unit (CU) holding an address is
-found from .debug_aranges, or failing that from every CU's top entry (scanned once);
-and only that CU's line program and entries are decoded, then cached.
+found from .debug_aranges (qmpprof.symbols.aranges), or failing that from every CU's top
+entry (scanned once); that CU's line program is decoded once (qmpprof.symbols.line_program),
+and of its entries only those that may hold the address: the subtree of an entry whose
+ranges miss it, or that holds no code, is jumped over by its DW_AT_sibling.
 
-The file is untrusted: every count and size is bounded, the entries are walked in file
-order (a DW_AT_sibling pointing backwards cannot make a loop), and a CU whose DWARF
-cannot be decoded contributes no lines. Its frames still show, named from the symbol table.
+The file is untrusted: every count and size is bounded, the entries are walked forwards
+only (a DW_AT_sibling pointing backwards is not followed, so cannot make a loop), and a CU
+whose DWARF cannot be decoded contributes no lines. Its frames still show, named from the
+symbol table.
 """
 
 from __future__ import annotations
 
 import bisect
-import contextlib
 import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -25,7 +27,9 @@ from elftools.dwarf.die import DIE
 from elftools.dwarf.dwarfinfo import DebugSectionDescriptor
 from elftools.elf.elffile import ELFFile
 
+from qmpprof.symbols.aranges import ArangeIndex, read_aranges
 from qmpprof.symbols.elf_file import ELF_PARSE_ERRORS
+from qmpprof.symbols.line_program import ProgramShape, decode_rows
 
 #: What pyelftools raises on malformed input (it has no single error type of its own).
 _MALFORMED = ELF_PARSE_ERRORS
@@ -37,6 +41,23 @@ MAX_PIECES = 4096
 MAX_LINE_PROGRAM_BYTES = 8 << 20
 MAX_ARANGES_BYTES = 16 << 20
 MAX_NAME_HOPS = 4
+#: Addresses whose inlined calls a CU remembers (a dump asks for each frame's once).
+MAX_CACHED_ADDRESSES = 4096
+#: Entries whose subtrees hold no code, so no inlined call: jumped over.
+_NO_CODE = frozenset(
+    {
+        "DW_TAG_structure_type",
+        "DW_TAG_class_type",
+        "DW_TAG_union_type",
+        "DW_TAG_enumeration_type",
+        "DW_TAG_subroutine_type",
+        "DW_TAG_array_type",
+    }
+)
+#: DW_AT_sibling forms counted from the CU's start (DW_FORM_ref_addr from the section's).
+_UNIT_REFERENCES = frozenset(
+    {"DW_FORM_ref1", "DW_FORM_ref2", "DW_FORM_ref4", "DW_FORM_ref8", "DW_FORM_ref_udata"}
+)
 
 
 @dataclass(frozen=True)
@@ -69,14 +90,26 @@ class InlinedCall:
         return any(low == address for low, _ in self.pieces) and not self.covers(address - 1)
 
 
-class LineTable:
-    """Address → source line, and the inlined calls covering an address (one CU)."""
+def _no_calls(address: int) -> list[InlinedCall]:
+    return []
 
-    def __init__(self, rows: list[tuple[int, SourceLine | None]], inlined: list[InlinedCall]):
+
+class LineTable:
+    """Address → source line, and the inlined calls covering an address (one CU).
+
+    `find_inlined` lists the calls covering an address, in file order; it runs once per
+    address asked for."""
+
+    def __init__(
+        self,
+        rows: list[tuple[int, SourceLine | None]],
+        find_inlined: Callable[[int], list[InlinedCall]] = _no_calls,
+    ) -> None:
         rows.sort(key=lambda row: row[0])
         self._addresses = [address for address, _ in rows]
         self._lines = [line for _, line in rows]
-        self._inlined = inlined
+        self._find_inlined = find_inlined
+        self._inlined: dict[int, list[InlinedCall]] = {}
 
     def line_for(self, address: int) -> SourceLine | None:
         index = bisect.bisect_right(self._addresses, address) - 1
@@ -84,11 +117,15 @@ class LineTable:
 
     def inlined_at(self, address: int) -> list[InlinedCall]:
         """The inlined calls covering `address`, innermost first."""
-        hits = [call for call in self._inlined if call.covers(address)]
-        return sorted(hits, key=lambda call: -call.depth)
+        if address not in self._inlined:
+            if len(self._inlined) >= MAX_CACHED_ADDRESSES:
+                self._inlined.clear()
+            hits = self._find_inlined(address)
+            self._inlined[address] = sorted(hits, key=lambda call: -call.depth)
+        return self._inlined[address]
 
 
-EMPTY = LineTable([], [])
+EMPTY = LineTable([])
 
 
 class _Window:
@@ -149,7 +186,7 @@ class ModuleLines:
 
     def __init__(self, path: Path) -> None:
         self._dwarf = open_mapped_dwarf(path)
-        self._aranges: Any = None
+        self._aranges: ArangeIndex | None = None
         self._units: list[tuple[int, int, int]] | None = None
         self._tables: dict[int, LineTable] = {}
 
@@ -170,7 +207,9 @@ class ModuleLines:
         return len(self._tables)
 
     def _unit_offset(self, address: int) -> int | None:
-        offset = _in_aranges(self._aranges_table(), address)
+        if self._aranges is None:
+            self._aranges = _read_aranges(self._dwarf)
+        offset = self._aranges.unit_at(address)
         if offset is not None:
             return offset
         if self._units is None:
@@ -181,15 +220,6 @@ class ModuleLines:
             if low <= address < high:
                 return offset
         return None
-
-    def _aranges_table(self) -> Any:
-        if self._aranges is None:
-            self._aranges = False
-            section = self._dwarf.debug_aranges_sec
-            if section is not None and section.size <= MAX_ARANGES_BYTES:
-                with contextlib.suppress(*_MALFORMED):
-                    self._aranges = self._dwarf.get_aranges() or False
-        return self._aranges
 
 
 def open_mapped_dwarf(path: Path) -> Any:
@@ -208,14 +238,12 @@ def open_mapped_dwarf(path: Path) -> Any:
         return None
 
 
-def _in_aranges(aranges: Any, address: int) -> int | None:
-    if not aranges:
-        return None
-    try:
-        offset = aranges.cu_offset_at_addr(address)
-    except _MALFORMED:
-        return None
-    return offset if isinstance(offset, int) else None
+def _read_aranges(dwarf: Any) -> ArangeIndex:
+    section = dwarf.debug_aranges_sec
+    if section is None or section.size > MAX_ARANGES_BYTES:
+        return ArangeIndex([])
+    section.stream.seek(0)
+    return read_aranges(section.stream.read(section.size), dwarf.config.little_endian)
 
 
 def _unit_ranges(dwarf: Any) -> list[tuple[int, int, int]]:
@@ -237,23 +265,42 @@ def _unit_table(dwarf: Any, offset: int) -> LineTable:
         unit = dwarf.get_CU_at(offset)
         program = dwarf.line_program_for_CU(unit)
         names = _file_names(program)
-        return LineTable(_line_rows(program, names), _inlined_calls(dwarf, unit, names))
+        rows = _line_rows(program, names)
     except _MALFORMED:
         return EMPTY
+    return LineTable(rows, lambda address: _inlined_calls(dwarf, unit, names, address))
 
 
 def _line_rows(program: Any, names: Any) -> list[tuple[int, SourceLine | None]]:
     if program is None:
         return []
-    if program.program_end_offset - program.program_start_offset > MAX_LINE_PROGRAM_BYTES:
+    start, end = program.program_start_offset, program.program_end_offset
+    if not 0 <= end - start <= MAX_LINE_PROGRAM_BYTES:
         return []
+    program.stream.seek(start)
+    code = program.stream.read(end - start)
+    header, structs = program.header, program.structs
+    shape = ProgramShape(
+        minimum_instruction_length=header["minimum_instruction_length"],
+        maximum_operations_per_instruction=header["maximum_operations_per_instruction"],
+        line_base=header["line_base"],
+        line_range=header["line_range"],
+        opcode_base=header["opcode_base"],
+        standard_opcode_lengths=tuple(header["standard_opcode_lengths"]),
+        address_size=structs.address_size,
+        little_endian=structs.little_endian,
+    )
+    # Rows repeat a few thousand (file, line) pairs: one SourceLine each.
+    lines: dict[tuple[int, int], SourceLine] = {}
     rows: list[tuple[int, SourceLine | None]] = []
-    for entry in program.get_entries():
-        state = entry.state
-        if state is None:
+    for address, file, line, end_sequence in decode_rows(code, shape):
+        if end_sequence:
+            rows.append((address, None))
             continue
-        line = None if state.end_sequence else SourceLine(names(state.file), state.line)
-        rows.append((state.address, line))
+        source = lines.get((file, line))
+        if source is None:
+            source = lines[file, line] = SourceLine(names(file), line)
+        rows.append((address, source))
     return rows
 
 
@@ -270,9 +317,11 @@ def _file_names(program: Any) -> Any:
     return name
 
 
-def _entries(unit: Any) -> Iterator[tuple[Any, int]]:
-    """The CU's entries in file order with their nesting depth. Reads each entry once and
-    ignores DW_AT_sibling, so a hostile file cannot make it loop."""
+def _entries_near(dwarf: Any, unit: Any, address: int) -> Iterator[tuple[Any, int, list[Any]]]:
+    """The CU's entries that may hold `address`, in file order, with their nesting depth
+    and [low, high) pieces. Each entry read is read once: the subtree of one whose pieces
+    miss `address`, or that holds no code, is jumped over when its DW_AT_sibling points
+    forwards within the CU, and read through otherwise."""
     stream = unit.dwarfinfo.debug_info_sec.stream
     offset, end, depth = unit.cu_die_offset, unit.cu_offset + unit.size, 0
     for _ in range(MAX_ENTRIES_PER_UNIT):
@@ -287,19 +336,54 @@ def _entries(unit: Any) -> Iterator[tuple[Any, int]]:
             if depth <= 0:
                 return
             continue
-        yield die, depth
-        if die.has_children:
+        wanted = die.has_children or die.tag == "DW_TAG_inlined_subroutine"
+        pieces = _pieces(die, unit, dwarf) if wanted else []
+        yield die, depth, pieces
+        if not die.has_children:
+            continue
+        sibling = (
+            _sibling(die, unit, offset, end) if depth and _holds_no(address, die, pieces) else None
+        )
+        if sibling is not None:
+            offset = sibling
+        else:
             depth = min(depth + 1, MAX_DEPTH)
 
 
-def _inlined_calls(dwarf: Any, unit: Any, names: Any) -> list[InlinedCall]:
+def _holds_no(address: int, die: Any, pieces: list[tuple[int, int]]) -> bool:
+    """Whether no inlined call covering `address` can be below `die`."""
+    if die.tag in _NO_CODE:
+        return True
+    if pieces:
+        return not any(low <= address < high for low, high in pieces)
+    # A subprogram without code: a declaration, or the abstract tree of an inlined one.
+    return die.tag == "DW_TAG_subprogram"  # type: ignore[no-any-return]
+
+
+def _sibling(die: Any, unit: Any, after: int, end: int) -> int | None:
+    """Where `die`'s next sibling starts, if it says so and that is forwards in the CU."""
+    link = die.attributes.get("DW_AT_sibling")
+    if link is None or not isinstance(link.value, int):
+        return None
+    if link.form in _UNIT_REFERENCES:
+        target = unit.cu_offset + link.value
+    elif link.form == "DW_FORM_ref_addr":
+        target = link.value
+    else:
+        return None
+    return target if after < target < end else None
+
+
+def _inlined_calls(dwarf: Any, unit: Any, names: Any, address: int) -> list[InlinedCall]:
     calls = []
-    for die, depth in _entries(unit):
-        if die.tag != "DW_TAG_inlined_subroutine":
-            continue
-        pieces = _pieces(die, unit, dwarf)
-        if pieces:
-            calls.append(InlinedCall(tuple(pieces), _name(die), _call_site(die, names), depth))
+    try:
+        for die, depth, pieces in _entries_near(dwarf, unit, address):
+            if die.tag != "DW_TAG_inlined_subroutine":
+                continue
+            if any(low <= address < high for low, high in pieces):
+                calls.append(InlinedCall(tuple(pieces), _name(die), _call_site(die, names), depth))
+    except _MALFORMED:
+        return []
     return calls
 
 

@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qmpprof.symbols.elf import load_symbols
+from qmpprof.symbols.line_program import ProgramShape, decode_rows
 from qmpprof.symbols.lines import SourceLookup
-from tests.fuzz.budget import counted
+from tests.fuzz.budget import cases, counted
 from tests.fuzz.file_budget import file_cases
 from tests.unit.conftest import build_elf
 
@@ -97,3 +98,40 @@ def test_mutated_section_sizes_and_offsets(
     data = bytearray(target.data)
     struct.pack_into("<Q", data, target.sections[name][2] + field, value)
     expand_everywhere(target.write(data), target.addresses)
+
+
+@settings(max_examples=cases(500))
+@given(
+    program=st.binary(max_size=256),
+    minimum=st.integers(0, 255),
+    per_instruction=st.integers(0, 4),
+    line_base=st.integers(-128, 127),
+    line_range=st.integers(0, 255),
+    opcode_base=st.integers(0, 255),
+    lengths=st.lists(st.integers(0, 255), max_size=16),
+    address_size=st.sampled_from([0, 1, 4, 8, 200]),
+)
+@counted
+def test_random_line_programs(
+    program: bytes,
+    minimum: int,
+    per_instruction: int,
+    line_base: int,
+    line_range: int,
+    opcode_base: int,
+    lengths: list[int],
+    address_size: int,
+) -> None:
+    """Any bytes under any header: rows, at most one per byte, and nothing raised."""
+    shape = ProgramShape(
+        minimum,
+        per_instruction,
+        line_base,
+        line_range,
+        opcode_base,
+        tuple(lengths),
+        address_size,
+        little_endian=True,
+    )
+    rows = decode_rows(program, shape)
+    assert len(rows) <= len(program)
