@@ -11,10 +11,10 @@ from pathlib import Path
 
 from qmpprof.analysis import Analyzer
 from qmpprof.defaults import DEFAULT_STACK_BYTES
-from qmpprof.model import CapturedSample, RawSample
+from qmpprof.model import CapturedSample, RawSample, RecordStats
 from qmpprof.modules import load_module
 from qmpprof.record.capture import CaptureConfig, Capturer
-from qmpprof.record.sampler import LoopConfig, RecordStats, sample_loop
+from qmpprof.record.sampler import LoopConfig, sample_loop
 from qmpprof.record.schedule import Schedule
 from qmpprof.target.memory import open_memory
 from qmpprof.target.qmp import QmpSession, paused

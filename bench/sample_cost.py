@@ -43,7 +43,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import REGISTERS, booted_with_ram_file, floor_tick, median, sampling_session
-from qmpprof.record.sampler import RecordStats, paused_capture, running_capture
+from qmpprof.model import RecordStats
+from qmpprof.record.sampler import paused_capture, running_capture
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.registers import parse_all
 from tests.guest_vm import BareQmp, Guest

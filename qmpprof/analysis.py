@@ -81,9 +81,6 @@ class Analyzer:
     def has_kernel_symbols(self) -> bool:
         return self.kernel is not None and len(self.kernel.symbols) > 0
 
-    def space(self, raw: RawSample) -> AddressSpace:
-        return self._space_and_symbolizer(raw)[0]
-
     def _space_and_symbolizer(self, raw: RawSample) -> tuple[AddressSpace, Symbolizer]:
         name = raw.user_module if raw.user_module in self.users else None
         if name not in self._spaces:
@@ -116,7 +113,7 @@ class Analyzer:
         if not raw.windows:
             leaf = FrameAddress(regs.rip, FrameKind.INSTRUCTION)
             return UnwoundStack((leaf,), StopReason.NO_STACK)
-        space = self.space(raw)
+        space = self._space_and_symbolizer(raw)[0]
         memory = WindowMemory(raw.windows)
         registers = dwarf_registers(regs)
         return unwind(registers, memory, space, self.strategy, space.code, self.max_depth)

@@ -9,8 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from qmpprof.errors import MonitorStuck, ResumeFailed, TargetGone, TickOverrun
-from qmpprof.model import CapturedSample, Ending, EndReason
-from qmpprof.model import RecordStats as RecordStats  # the loop's result; bench/ imports it here
+from qmpprof.model import CapturedSample, Ending, EndReason, RecordStats
 from qmpprof.record.capture import Capturer
 from qmpprof.record.schedule import Schedule
 from qmpprof.target.pause import PauseHold
