@@ -28,6 +28,9 @@ from tests.unit.qmp_replay import Chunk, Replay, recorded, serve, until
 
 #: For waits that must expire (nothing is coming): short, not to slow the tests.
 SHORT_S = 0.05
+#: A deadline that stop's reply, already queued by the fake server, must beat: long
+#: enough for a loaded host to deliver it, short enough for a unit test.
+REPLY_DEADLINE_S = 0.5
 #: For waits that must not expire: the fake QEMU answers at once, but a loaded host may
 #: not run this process for a while.
 PATIENT_S = 60.0
@@ -159,7 +162,7 @@ async def test_a_reply_that_outlives_the_deadline_is_a_tick_overrun(socket_path:
     replay = Replay(until(chunks, b"CPU#0"))
     session = await replayed(socket_path, replay)
     assert await session.is_running()
-    session.deadline = asyncio.get_running_loop().time() + SHORT_S
+    session.deadline = asyncio.get_running_loop().time() + REPLY_DEADLINE_S
     with pytest.raises(TickOverrun, match="in 'human-monitor-command'"):
         await session.hmp("info registers -a", first="stop")
     assert not await session.is_running()  # the STOP event came before stop's reply
