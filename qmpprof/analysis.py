@@ -72,6 +72,12 @@ class Analyzer:
         self.biases = dict(biases or {})
         self._spaces: dict[str | None, tuple[AddressSpace, Symbolizer]] = {}
 
+    def set_bias(self, name: str, bias: int) -> None:
+        """Module `name` runs `bias` bytes from its link address (found once connected:
+        a KASLR kernel's slide)."""
+        self.biases[name] = bias
+        self._spaces.clear()
+
     @property
     def modules(self) -> list[Module]:
         """Every binary given: the kernel first."""

@@ -255,6 +255,8 @@ class Recording:
     qmp_socket: str = ""
     kernel: str | None = None
     command_line: str = ""
+    #: How far from its link address the kernel ran (a KASLR slide): `report` uses it.
+    kernel_bias: int = 0
 
 
 class EndReason(Enum):

@@ -1,7 +1,9 @@
 /* The Linux example guest's init (PID 1), static, in the initramfs.
  *
- * Starts a few processes with names qmpprof can show, says it is ready on the
- * console, then reaps children forever (PID 1 must not exit):
+ * Says on the console where the kernel put its divide-error handler (the tests'
+ * oracle for qmpprof's KASLR slide, from /proc/kallsyms), starts a few processes with
+ * names qmpprof can show, says it is ready, then reaps children forever (PID 1 must
+ * not exit):
  *   crunch  - CPU-bound in user space: main -> crunch_loop -> mix (frame pointers kept)
  *   sysloop - system-call heavy: getppid() and a read of /dev/zero in a loop
  *   sleeper - mostly asleep (nanosleep), so some vCPU time is idle
@@ -9,6 +11,7 @@
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/mount.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -63,7 +66,28 @@ static void say(const char *text) {
         return;
 }
 
+/* "<address> T asm_exc_divide_error" from /proc/kallsyms, as "qmpprof-linux: kallsyms
+ * <address> asm_exc_divide_error". Nothing if /proc or the symbol is missing. */
+static void say_divide_error_handler(void) {
+    char line[256];
+    if (mount("proc", "/proc", "proc", 0, NULL) != 0)
+        return;
+    FILE *kallsyms = fopen("/proc/kallsyms", "r");
+    if (kallsyms == NULL)
+        return;
+    while (fgets(line, sizeof line, kallsyms) != NULL) {
+        char address[32], type[4], name[128];
+        if (sscanf(line, "%31s %3s %127s", address, type, name) == 3 &&
+            strcmp(name, "asm_exc_divide_error") == 0) {
+            dprintf(1, "qmpprof-linux: kallsyms %s %s\n", address, name);
+            break;
+        }
+    }
+    fclose(kallsyms);
+}
+
 int main(void) {
+    say_divide_error_handler();
     start("crunch", crunch_loop);
     start("sysloop", sysloop);
     start("sleeper", sleeper);

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write an initramfs (newc cpio) holding /init, /dev/console and /dev/zero, without root and
+"""Write an initramfs (newc cpio) holding /init, /dev/console, /dev/zero and /proc, without root and
 without the cpio tool: the archive says the owner and the device numbers itself.
 
     mkcpio.py INIT OUTPUT
@@ -27,7 +27,8 @@ def archive(init: bytes) -> bytes:
         entry(2, "dev/console", 0o020600, rdev=(5, 1)),
         entry(3, "dev/zero", 0o020666, rdev=(1, 5)),
         entry(4, "init", 0o100755, init),
-        entry(5, TRAILER, 0),
+        entry(5, "proc", 0o040555),
+        entry(6, TRAILER, 0),
     ]
     return b"".join(records)
 

@@ -139,6 +139,14 @@ class Collector:
         self.coverage = KernelCoverage()
         self._captures = list(captures)
 
+    @property
+    def captures(self) -> list[CaptureOutput]:
+        return list(self._captures)
+
+    def keep_in(self, capture: CaptureOutput) -> None:
+        """Write every sample from now on to `capture` too."""
+        self._captures.append(capture)
+
     def add_captured(self, captured: CapturedSample) -> None:
         """Keep one captured sample in the capture files and symbolize it into the
         profile; one that cannot be symbolized is counted, not raised."""

@@ -9,6 +9,7 @@ from qmpprof.analysis import Analyzer
 from qmpprof.commands.common import TargetOptions, say_on_stderr
 from qmpprof.errors import UsageError
 from qmpprof.record.capture import CaptureConfig, Capturer
+from qmpprof.record.relocation import kernel_slide_of
 from qmpprof.target.memory import MemoryBackend, open_memory
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.recovery import claim, release
@@ -22,7 +23,9 @@ async def connected(
 
     First resumes a VM that a qmpprof which died left paused (telling `notice`, one
     line) and claims the socket's pause marker (target.recovery); raises UsageError
-    when `options.cpus` names a vCPU the guest does not have."""
+    when `options.cpus` names a vCPU the guest does not have. A Linux kernel's KASLR
+    slide is found before the first sample (record/relocation.py) and given to
+    `analyzer` as the kernel's bias."""
     session = await QmpSession.connect(options.qmp_socket)
     try:
         await claim(session, notice)
@@ -30,6 +33,9 @@ async def connected(
         memory = await open_memory(session, options.memory, options.mem_path)
         config = CaptureConfig(stack_bytes=options.stack_bytes, cpus=options.cpus)
         try:
+            slide = await kernel_slide_of(session, memory, analyzer)
+            if slide and analyzer.kernel is not None:
+                analyzer.set_bias(analyzer.kernel.name, slide)
             yield session, memory, Capturer(session, memory, analyzer, config)
         finally:
             await memory.close()

@@ -9,9 +9,10 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from qmpprof.analysis import Analyzer
 from qmpprof.commands.collect import (
     CaptureOutput,
     Collector,
@@ -59,18 +60,13 @@ async def run_record(options: RecordOptions, out: Console, err: Console) -> None
     # From here to the last output written, a signal ends the recording, never the process.
     with stop_on_signals(stop) as received:
         analyzer = build_analyzer(options.target)
-        recording = _recording(options, time.time(), 0.0)
+        started = time.time()
+        collector = Collector(analyzer, Profile(options.include_idle, options.scope))
         with ExitStack() as files:
-            captures = [
-                _closed_at_exit(files, CaptureOutput.open(path, recording, options.capture_memory))
-                for path, fmt in options.outputs
-                if fmt is Format.QMPCAP
-            ]
-            collector = Collector(analyzer, Profile(options.include_idle, options.scope), captures)
-            stats = await _record(options, collector, stop, err)
+            stats = await _record(options, collector, files, started, stop, err)
         if received and stats.ended_by is None:
             stats.ended_by = Ending(EndReason.INTERRUPTED, received[0].name)
-        written = _write(options, collector, captures, stats, recording)
+        written = _write(options, collector, stats, _recording(options, started, 0.0, analyzer))
         _finish(options, collector, stats, written, out)
 
 
@@ -82,9 +78,14 @@ def _closed_at_exit(files: ExitStack, capture: CaptureOutput) -> CaptureOutput:
 async def _record(
     options: RecordOptions,
     collector: Collector,
+    files: ExitStack,
+    started: float,
     stop: asyncio.Event,
     err: Console,
 ) -> RecordStats:
+    """Connect, open the capture files (their header names the kernel's bias, known
+    once connected), and sample until the end."""
+
     def analyse(captured: CapturedSample) -> None:
         collector.add_captured(captured)
         if collector.coverage.mismatched:
@@ -96,6 +97,11 @@ async def _record(
         period_s=options.period_s, duration_s=options.duration_s, nonblocking=options.nonblocking
     )
     async with connected(options.target, collector.analyzer) as (session, memory, capturer):
+        recording = _recording(options, started, 0.0, collector.analyzer)
+        for path, fmt in options.outputs:
+            if fmt is Format.QMPCAP:
+                capture = CaptureOutput.open(path, recording, options.capture_memory)
+                collector.keep_in(_closed_at_exit(files, capture))
         with contextlib.suppress(OSError):  # a terminal closed during setup (SIGHUP)
             _announce(options, collector, _describe(memory), err)
         with _progress(err, options.duration_s) as progress:
@@ -153,15 +159,11 @@ def _announce(options: RecordOptions, collector: Collector, memory: str, err: Co
 
 
 def _write(
-    options: RecordOptions,
-    collector: Collector,
-    captures: list[CaptureOutput],
-    stats: RecordStats,
-    recording: Recording,
+    options: RecordOptions, collector: Collector, stats: RecordStats, recording: Recording
 ) -> list[Written]:
     """Every output, in the order given: profiles written now, captures as recorded."""
-    finished = _recording(options, recording.started, stats.elapsed_s)
-    by_path = {capture.path: capture.result() for capture in captures}
+    finished = replace(recording, duration_s=stats.elapsed_s)
+    by_path = {capture.path: capture.result() for capture in collector.captures}
     by_path.update((w.path, w) for w in collector.write_outputs(options.outputs, finished))
     return [by_path[path] for path, _ in options.outputs]
 
@@ -183,8 +185,11 @@ def _finish(
         raise KernelMismatch(collector.coverage.describe(str(options.target.kernel)))
 
 
-def _recording(options: RecordOptions, started: float, elapsed: float) -> Recording:
+def _recording(
+    options: RecordOptions, started: float, elapsed: float, analyzer: Analyzer
+) -> Recording:
     kernel = options.target.kernel
+    module = analyzer.kernel
     return Recording(
         started=started,
         duration_s=elapsed,
@@ -192,6 +197,7 @@ def _recording(options: RecordOptions, started: float, elapsed: float) -> Record
         qmp_socket=options.target.qmp_socket,
         kernel=str(kernel.resolve()) if kernel is not None else None,
         command_line=" ".join(["qmpprof", *sys.argv[1:]]),
+        kernel_bias=analyzer.biases.get(module.name, 0) if module is not None else 0,
     )
 
 

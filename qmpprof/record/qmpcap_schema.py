@@ -120,6 +120,10 @@ def parse_line(line: bytes) -> Any:
         raise BadRecord("not JSON") from err
 
 
+#: A kernel's recorded bias stays inside the x86-64 address space either way.
+MAX_BIAS = 1 << 64
+
+
 def decode_header(header: Any) -> tuple[Recording, int]:
     """The recording a capture's header line describes, and the file's version.
 
@@ -142,6 +146,7 @@ def _recording(recording: dict[str, Any]) -> Recording:
         qmp_socket=fields.get("qmp_socket", _str, ""),
         kernel=fields.get("kernel", _optional(_str), None),
         command_line=fields.get("command_line", _str, ""),
+        kernel_bias=fields.get("kernel_bias", _int_within(-MAX_BIAS, MAX_BIAS), 0),
     )
 
 

@@ -33,6 +33,5 @@ class KernelCoverage:
         unresolved = self.kernel_samples - self.resolved
         return (
             f"{kernel} does not match the guest: {unresolved} of {self.kernel_samples} "
-            "kernel-mode PCs are outside its symbols (a Linux guest with KASLR: boot it "
-            "with nokaslr, qmpprof does not find the offset yet)"
+            "kernel-mode PCs are outside its symbols"
         )

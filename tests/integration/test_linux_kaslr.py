@@ -1,0 +1,66 @@
+"""A stock Linux guest with KASLR on: qmpprof finds the kernel's slide from the IDT, names
+kernel frames with the unrelocated debug vmlinux, and a capture replays with it.
+
+The oracle is the guest's own /proc/kallsyms: examples/linux's init prints where the
+kernel put `asm_exc_divide_error`; nm says where the vmlinux links it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import run_qmpprof
+from tests.linux_vm import LinuxGuest, running_linux
+
+HANDLER = "asm_exc_divide_error"
+
+
+@pytest.fixture(scope="module")
+def kaslr_guest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LinuxGuest]:
+    with running_linux(tmp_path_factory.mktemp("kaslr"), "--smp", "2") as guest:
+        yield guest
+
+
+def guest_slide(guest: LinuxGuest) -> int:
+    """The handler's address in the guest's /proc/kallsyms minus nm's in the vmlinux."""
+    said = re.search(
+        rf"qmpprof-linux: kallsyms ([0-9a-f]+) {HANDLER}", Path(guest.serial).read_text()
+    )
+    assert said is not None, "the guest's init did not print its kallsyms line"
+    nm = subprocess.run(["nm", str(guest.kernel)], capture_output=True, text=True, check=True)
+    linked = re.search(rf"^([0-9a-f]+) T {HANDLER}$", nm.stdout, re.MULTILINE)
+    assert linked is not None
+    return int(said.group(1), 16) - int(linked.group(1), 16)
+
+
+def test_the_guest_runs_its_kernel_away_from_its_link_address(kaslr_guest: LinuxGuest) -> None:
+    assert guest_slide(kaslr_guest) != 0, "KASLR did not move the kernel: nothing is tested"
+
+
+def test_record_names_kernel_frames_and_report_replays_them(
+    kaslr_guest: LinuxGuest, tmp_path: Path
+) -> None:
+    """A recording long enough for the kernel check (20 kernel-mode samples) passes it,
+    its capture holds the slide, and `report` gives the same folded profile."""
+    folded, capture = tmp_path / "live.folded", tmp_path / "run.qmpcap"
+    target = ["--qmp-socket", kaslr_guest.qmp, "--kernel", str(kaslr_guest.kernel)]
+    done = run_qmpprof(
+        "record", *target, "--duration", "3", "--rate", "50", "-o", str(folded), "-o", str(capture)
+    )
+    assert done.returncode == 0, done.stderr
+    kernel_frames = [line for line in folded.read_text().splitlines() if "do_syscall_64" in line]
+    assert kernel_frames, "no system call named in a guest that makes them all the time"
+    replayed = tmp_path / "replayed.folded"
+    again = run_qmpprof("report", str(capture), "-o", str(replayed))
+    assert again.returncode == 0, again.stderr
+    assert replayed.read_text() == folded.read_text()
+
+
+def test_dump_json_names_the_kernel_leaf_of_kernel_mode_vcpus(kaslr_guest: LinuxGuest) -> None:
+    target = ["--qmp-socket", kaslr_guest.qmp, "--kernel", str(kaslr_guest.kernel)]
+    done = run_qmpprof("dump", "--json", *target)
+    assert done.returncode == 0, done.stderr
