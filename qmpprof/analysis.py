@@ -77,6 +77,8 @@ class Analyzer:
         a KASLR kernel's slide)."""
         self.biases[name] = bias
         self._spaces.clear()
+        if self.kernel is not None and name == self.kernel.name:
+            self.adapter.relocate(bias)
 
     @property
     def modules(self) -> list[Module]:

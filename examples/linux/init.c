@@ -59,6 +59,8 @@ static void start(const char *name, void (*body)(void)) {
     }
     if (pid < 0)
         dprintf(2, "init: fork for %s failed\n", name);
+    else
+        dprintf(1, "qmpprof-linux: started %s pid %d\n", name, (int)pid);
 }
 
 static void say(const char *text) {

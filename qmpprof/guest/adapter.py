@@ -23,6 +23,11 @@ class OsAdapter(Protocol):
         """The process running on this vCPU. Raises MemoryFault for memory it needs."""
         ...
 
+    def relocate(self, bias: int) -> None:
+        """The kernel runs `bias` bytes from its link address (a KASLR slide): the
+        kernel addresses the adapter reads move with it."""
+        ...
+
 
 class GenericAdapter:
     """Knows no OS: samples are labelled by address space (CR3) only."""
@@ -31,6 +36,35 @@ class GenericAdapter:
 
     def process(self, registers: RegisterSet, memory: MemoryReader) -> Process | None:
         return None
+
+    def relocate(self, bias: int) -> None:
+        pass
+
+
+#: Longest process name read from a guest.
+NAME_LIMIT = 64
+
+
+@dataclass(frozen=True)
+class TaskFields:
+    """Where a guest's process structure keeps its pid (a 32-bit signed integer) and its
+    name (NUL-terminated bytes), from the kernel's type information. Make it with
+    `task_fields`, which bounds the name."""
+
+    pid_offset: int
+    name_offset: int
+    name_size: int
+
+    def read(self, memory: MemoryReader, task: int) -> Process:
+        """The process whose structure is at `task`. Raises MemoryFault."""
+        pid = int.from_bytes(memory.read(task + self.pid_offset, 4), "little", signed=True)
+        raw = memory.read(task + self.name_offset, self.name_size)
+        name = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+        return Process(pid, name or "?")
+
+
+def task_fields(pid_offset: int, name_offset: int, name_size: int) -> TaskFields:
+    return TaskFields(pid_offset, name_offset, min(name_size, NAME_LIMIT))
 
 
 @dataclass(frozen=True)

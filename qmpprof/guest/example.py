@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qmpprof.guest.adapter import KernelFacts
+from qmpprof.guest.adapter import KernelFacts, task_fields
 from qmpprof.guest.dwarf_types import KernelLayout, read_layout
 from qmpprof.memory import MemoryReader
 from qmpprof.model import KERNEL_ONLY, Process, RegisterSet
-
-NAME_LIMIT = 64
 
 
 class ExampleGuestAdapter:
@@ -19,9 +17,8 @@ class ExampleGuestAdapter:
 
     def __init__(self, cpu_current: int, pid_offset: int, name_offset: int, name_size: int):
         self.cpu_current = cpu_current
-        self.pid_offset = pid_offset
-        self.name_offset = name_offset
-        self.name_size = min(name_size, NAME_LIMIT)
+        self.fields = task_fields(pid_offset, name_offset, name_size)
+        self.bias = 0
 
     probe_symbols = frozenset({"cpu_current"})
 
@@ -50,10 +47,10 @@ class ExampleGuestAdapter:
         return cls(address, members["pid"].offset, members["name"].offset, name_size)
 
     def process(self, registers: RegisterSet, memory: MemoryReader) -> Process | None:
-        pointer = memory.read_u64(self.cpu_current + 8 * registers.vcpu)
+        pointer = memory.read_u64(self.cpu_current + self.bias + 8 * registers.vcpu)
         if pointer == 0:
             return KERNEL_ONLY
-        pid = int.from_bytes(memory.read(pointer + self.pid_offset, 4), "little", signed=True)
-        raw = memory.read(pointer + self.name_offset, self.name_size)
-        name = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
-        return Process(pid, name or "?")
+        return self.fields.read(memory, pointer)
+
+    def relocate(self, bias: int) -> None:
+        self.bias = bias

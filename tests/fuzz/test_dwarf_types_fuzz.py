@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qmpprof.errors import MemoryFault
+from qmpprof.guest.adapter import NAME_LIMIT
 from qmpprof.guest.dwarf_types import KernelLayout, read_layout
-from qmpprof.guest.example import NAME_LIMIT, ExampleGuestAdapter
+from qmpprof.guest.example import ExampleGuestAdapter
 from qmpprof.memory import WindowMemory
 from qmpprof.model import MemoryWindow, RegisterSet
 from tests.fuzz.budget import cases, counted
@@ -67,7 +68,7 @@ def test_dwarf_type_layout_of_damaged_elf(
             assert member.offset >= 0 and (member.size is None or member.size >= 0)
     adapter = ExampleGuestAdapter.from_kernel(layout_elf.scratch)
     if adapter is not None:
-        assert adapter.name_size <= NAME_LIMIT
+        assert adapter.fields.name_size <= NAME_LIMIT
 
 
 @settings(max_examples=cases(300))

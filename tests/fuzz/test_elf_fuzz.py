@@ -82,7 +82,7 @@ def load_or_refuse(path: Path) -> Module | None:
         return None
     adapter = ExampleGuestAdapter.from_kernel(path)
     if adapter is not None:
-        assert adapter.name_size <= 64
+        assert adapter.fields.name_size <= 64
     return module
 
 

@@ -1,8 +1,10 @@
 """A stock Linux guest with KASLR on: qmpprof finds the kernel's slide from the IDT, names
-kernel frames with the unrelocated debug vmlinux, and a capture replays with it.
+kernel frames with the unrelocated debug vmlinux, names the task on each vCPU, and a
+capture replays with it.
 
-The oracle is the guest's own /proc/kallsyms: examples/linux's init prints where the
-kernel put `asm_exc_divide_error`; nm says where the vmlinux links it."""
+The oracles are the guest's own words on its console: examples/linux's init prints where
+/proc/kallsyms puts `asm_exc_divide_error` (nm says where the vmlinux links it) and the
+pid of each process it starts under the name it gives it."""
 
 from __future__ import annotations
 
@@ -58,6 +60,28 @@ def test_record_names_kernel_frames_and_report_replays_them(
     again = run_qmpprof("report", str(capture), "-o", str(replayed))
     assert again.returncode == 0, again.stderr
     assert replayed.read_text() == folded.read_text()
+
+
+def started(guest: LinuxGuest) -> dict[str, int]:
+    """Each process init started, by name: its pid, as init printed it."""
+    text = Path(guest.serial).read_text()
+    return {name: int(pid) for name, pid in re.findall(r"started (\w+) pid (\d+)", text)}
+
+
+def test_samples_are_labelled_with_the_task_the_guest_says_it_started(
+    kaslr_guest: LinuxGuest, tmp_path: Path
+) -> None:
+    """crunch runs in user space all the time and sysloop in system calls: both are
+    sampled on a 2-vCPU guest, under the pid init gave them."""
+    folded = tmp_path / "tasks.folded"
+    target = ["--qmp-socket", kaslr_guest.qmp, "--kernel", str(kaslr_guest.kernel)]
+    done = run_qmpprof("record", *target, "--duration", "2", "--rate", "50", "-o", str(folded))
+    assert done.returncode == 0, done.stderr
+    roots = {line.split(";", 1)[0] for line in folded.read_text().splitlines()}
+    pids = started(kaslr_guest)
+    assert {"crunch", "sysloop"} <= pids.keys(), "init did not say what it started"
+    for name in ("crunch", "sysloop"):
+        assert f"{name} ({pids[name]})" in roots, sorted(roots)
 
 
 def test_dump_json_names_the_kernel_leaf_of_kernel_mode_vcpus(kaslr_guest: LinuxGuest) -> None:

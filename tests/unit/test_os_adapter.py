@@ -44,8 +44,8 @@ def gdb_offset(elf: Path, member: str) -> int:
 def test_member_offsets_match_gdb(layout_elf: Path) -> None:
     adapter = ExampleGuestAdapter.from_kernel(layout_elf)
     assert adapter is not None
-    assert adapter.pid_offset == gdb_offset(layout_elf, "pid")
-    assert adapter.name_offset == gdb_offset(layout_elf, "name")
+    assert adapter.fields.pid_offset == gdb_offset(layout_elf, "pid")
+    assert adapter.fields.name_offset == gdb_offset(layout_elf, "name")
 
 
 def test_processes_per_vcpu_from_real_bytes(layout_elf: Path) -> None:
