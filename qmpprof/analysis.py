@@ -72,13 +72,20 @@ class Analyzer:
         self.biases = dict(biases or {})
         self._spaces: dict[str | None, tuple[AddressSpace, Symbolizer]] = {}
 
-    def set_bias(self, name: str, bias: int) -> None:
-        """Module `name` runs `bias` bytes from its link address (found once connected:
-        a KASLR kernel's slide)."""
-        self.biases[name] = bias
+    @property
+    def kernel_bias(self) -> int:
+        """How far from its link address the kernel runs (0 without a kernel)."""
+        return self.biases.get(self.kernel.name, 0) if self.kernel is not None else 0
+
+    def relocate_kernel(self, bias: int) -> None:
+        """The kernel runs `bias` bytes from its link address (a KASLR slide, found once
+        connected or read from a capture): its mapping and the OS adapter move with it.
+        Nothing to move without a kernel."""
+        if self.kernel is None:
+            return
+        self.biases[self.kernel.name] = bias
         self._spaces.clear()
-        if self.kernel is not None and name == self.kernel.name:
-            self.adapter.relocate(bias)
+        self.adapter.relocate(bias)
 
     @property
     def modules(self) -> list[Module]:

@@ -127,17 +127,13 @@ class CaptureOutput:
 class Collector:
     """Analyses raw samples and feeds the profile, the sample list and capture files."""
 
-    def __init__(
-        self,
-        analyzer: Analyzer,
-        profile: Profile,
-        captures: Sequence[CaptureOutput] = (),
-    ) -> None:
+    def __init__(self, analyzer: Analyzer, profile: Profile) -> None:
         self.analyzer = analyzer
         self.profile = profile
         self.samples: list[Sample] = []
         self.coverage = KernelCoverage()
-        self._captures = list(captures)
+        #: Capture files, given once open (`keep_in`): `record` opens them once connected.
+        self._captures: list[CaptureOutput] = []
 
     @property
     def captures(self) -> list[CaptureOutput]:

@@ -34,8 +34,8 @@ async def connected(
         config = CaptureConfig(stack_bytes=options.stack_bytes, cpus=options.cpus)
         try:
             slide = await kernel_slide_of(session, memory, analyzer)
-            if slide and analyzer.kernel is not None:
-                analyzer.set_bias(analyzer.kernel.name, slide)
+            if slide:
+                analyzer.relocate_kernel(slide)
             yield session, memory, Capturer(session, memory, analyzer, config)
         finally:
             await memory.close()

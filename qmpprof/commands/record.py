@@ -189,7 +189,6 @@ def _recording(
     options: RecordOptions, started: float, elapsed: float, analyzer: Analyzer
 ) -> Recording:
     kernel = options.target.kernel
-    module = analyzer.kernel
     return Recording(
         started=started,
         duration_s=elapsed,
@@ -197,7 +196,7 @@ def _recording(
         qmp_socket=options.target.qmp_socket,
         kernel=str(kernel.resolve()) if kernel is not None else None,
         command_line=" ".join(["qmpprof", *sys.argv[1:]]),
-        kernel_bias=analyzer.biases.get(module.name, 0) if module is not None else 0,
+        kernel_bias=analyzer.kernel_bias,
     )
 
 

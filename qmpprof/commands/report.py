@@ -53,8 +53,8 @@ def _replay(options: ReportOptions, capture: Capture) -> Collector:
     if target.kernel is None and kernel and Path(kernel).exists():
         target = TargetOptions(**{**target.__dict__, "kernel": Path(kernel)})
     analyzer = build_analyzer(target)
-    if analyzer.kernel is not None and capture.recording.kernel_bias:
-        analyzer.set_bias(analyzer.kernel.name, capture.recording.kernel_bias)
+    if capture.recording.kernel_bias:
+        analyzer.relocate_kernel(capture.recording.kernel_bias)
     collector = Collector(analyzer, Profile(options.include_idle, options.scope))
     for entry in capture.samples():
         _add(collector, entry, options.reunwind)

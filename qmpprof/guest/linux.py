@@ -19,11 +19,13 @@ from qmpprof.model import Process, RegisterSet
 #: Linux's NR_CPUS ceiling on x86-64: a vCPU index beyond it is not a Linux CPU.
 MAX_CPUS = 8192
 _CURRENT = ("current_task", "pcpu_hot")
+#: Symbols only a Linux kernel has: either says it is one.
+_MARKERS = frozenset({"linux_banner", "init_task"})
 
 
 class LinuxAdapter:
     name = "linux"
-    probe_symbols = frozenset({"linux_banner", "init_task", "__per_cpu_offset", *_CURRENT})
+    probe_symbols = _MARKERS | {"__per_cpu_offset", *_CURRENT}
 
     def __init__(
         self,
@@ -38,7 +40,7 @@ class LinuxAdapter:
 
     @classmethod
     def probe(cls, facts: KernelFacts) -> bool:
-        return not {"linux_banner", "init_task"}.isdisjoint(facts.symbols)
+        return not _MARKERS.isdisjoint(facts.symbols)
 
     @classmethod
     def from_facts(cls, facts: KernelFacts) -> LinuxAdapter:

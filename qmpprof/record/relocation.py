@@ -6,14 +6,13 @@ import re
 
 from qmpprof.analysis import Analyzer
 from qmpprof.guest.kaslr import GATE_SIZE, kernel_slide
+from qmpprof.record.capture import REGISTERS
 from qmpprof.target.memory import MemoryBackend
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.registers import parse_all
 
 #: `info registers` gives each vCPU's IDT as "IDT=     <base> <limit>".
 _IDT = re.compile(r"^IDT=\s*([0-9a-f]{1,16}) ", re.MULTILINE)
-#: The HMP command that gives every vCPU's registers (as record/capture.py reads them).
-_REGISTERS = "info registers -a"
 
 
 async def kernel_slide_of(
@@ -24,7 +23,7 @@ async def kernel_slide_of(
     gives one (a guest still booting)."""
     if analyzer.kernel is None or analyzer.adapter.name != "linux":
         return None
-    text = await session.hmp(_REGISTERS)
+    text = await session.hmp(REGISTERS)
     registers = parse_all(text)
     bases = [int(base, 16) for base in _IDT.findall(text)]
     if len(bases) != len(registers):
