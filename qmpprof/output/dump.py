@@ -34,8 +34,8 @@ def _vcpu_json(sample: Sample, sources: SourceLookup | None, lines: bool) -> dic
         "process": None if process is None else {"pid": process.pid, "name": process.name},
         "frames": [
             entry
-            for number, frame in enumerate(sample.frames)
-            for entry in _frame_json(frame, _source_frames(frame, sources, number == 0), lines)
+            for frame in sample.frames
+            for entry in _frame_json(frame, _source_frames(frame, sources), lines)
         ],
         "stop": sample.stop.value,
     }
@@ -71,8 +71,8 @@ def _vcpu_text(sample: Sample, sources: SourceLookup | None, lines: bool) -> str
     label = visible(sample.label())
     text = [f"vCPU {sample.vcpu} [{sample.mode.value}] {label} pc={pc:#x}"]
     number = 0
-    for depth, frame in enumerate(sample.frames):
-        for source in _source_frames(frame, sources, depth == 0):
+    for frame in sample.frames:
+        for source in _source_frames(frame, sources):
             line = _frame_line(frame, source, lines)
             text.append(f"  #{number:<2} {frame.address.address:#018x} {line}")
             number += 1
@@ -91,12 +91,11 @@ def _frame_line(frame: Frame, source: SourceFrame, lines: bool) -> str:
     return f"{describe_frame(frame)}{where}"
 
 
-def _source_frames(frame: Frame, sources: SourceLookup | None, leaf: bool) -> list[SourceFrame]:
-    """The frame as source frames, innermost first: its inlined calls, then itself.
-    `leaf`: the frame where the vCPU stopped (GDB's frame #0, see SourceLookup.expand)."""
+def _source_frames(frame: Frame, sources: SourceLookup | None) -> list[SourceFrame]:
+    """The frame as source frames, innermost first: its inlined calls, then itself."""
     if sources is None:
         return [SourceFrame(frame.function, None, inlined=False)]
-    return sources.expand(frame.module, frame.function, frame.address.lookup_address, leaf)
+    return sources.expand(frame.module, frame.function, frame.address.lookup_address)
 
 
 def describe_frame(frame: Frame) -> str:

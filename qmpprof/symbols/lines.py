@@ -82,13 +82,6 @@ class InlinedCall:
     def covers(self, address: int) -> bool:
         return any(low <= address < high for low, high in self.pieces)
 
-    def entered_at(self, address: int) -> bool:
-        """Whether `address` is where execution enters the call: its first instruction,
-        or the start of a piece not reached from the piece before."""
-        if address == self.pieces[0][0]:
-            return True
-        return any(low == address for low, _ in self.pieces) and not self.covers(address - 1)
-
 
 def _no_calls(address: int) -> list[InlinedCall]:
     return []
@@ -454,20 +447,16 @@ class SourceLookup:
         self._paths = modules
         self._modules: dict[str, ModuleLines] = {}
 
-    def expand(
-        self, module: str | None, function: str | None, address: int, leaf: bool = False
-    ) -> list[SourceFrame]:
+    def expand(self, module: str | None, function: str | None, address: int) -> list[SourceFrame]:
         """The frame at `address` (a lookup address) as source frames, innermost first:
         the inlined functions covering it, then the function itself.
 
-        `leaf`: `address` is where the vCPU stopped, not a return address. An inlined
-        call entered exactly there has not begun yet, and is not listed (as GDB does)."""
+        A vCPU stopped at the first instruction of an inlined call is inside it: GDB,
+        stopped by an interrupt (as qmpprof stops a VM), lists that call; it hides one
+        only when a breakpoint stopped it there."""
         table = self._table(module, address)
         line = table.line_for(address)
         calls = table.inlined_at(address)
-        if leaf:
-            not_begun, calls = _split_not_begun(calls, address)
-            line = not_begun[-1].call_site if not_begun else line
         frames = []
         for call in calls:
             frames.append(SourceFrame(call.function, line, inlined=True))
@@ -481,13 +470,3 @@ class SourceLookup:
         if module not in self._modules:
             self._modules[module] = ModuleLines(self._paths[module])
         return self._modules[module].table_for(address)
-
-
-def _split_not_begun(
-    calls: list[InlinedCall], address: int
-) -> tuple[list[InlinedCall], list[InlinedCall]]:
-    """`calls` (innermost first) split after the innermost ones entered exactly at `address`."""
-    skipped = 0
-    while skipped < len(calls) and calls[skipped].entered_at(address):
-        skipped += 1
-    return calls[:skipped], calls[skipped:]
