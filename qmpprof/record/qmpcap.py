@@ -129,7 +129,8 @@ class CaptureWriter:
             raise OutputError(f"cannot write {path}: {err.strerror or err}") from err
         self._sync = _BackgroundSync(self._fd)
         self._member = _GzipMember()
-        self._member_started = time.monotonic()
+        # The first sample is flushed at once: a recording killed early keeps it.
+        self._member_started = -self._flush_interval_s
         if not self._append(_single_member(encode_header(recording))):
             self.close()
             raise OutputError(f"cannot write {path}: {self.failed}")
