@@ -48,9 +48,10 @@ def cfi_problems(analyzer: Analyzer, compile_all: bool) -> list[str]:
     return lines
 
 
-def module_paths(analyzer: Analyzer) -> dict[str, Path]:
-    """The ELF file of each module, by the name frames carry (the file name)."""
-    return {m.symbols.name: m.path for m in analyzer.modules}
+def module_files(analyzer: Analyzer) -> dict[str, tuple[Path, int]]:
+    """The ELF file and load bias of each module, by the name frames carry (the file
+    name)."""
+    return {m.symbols.name: (m.path, analyzer.biases.get(m.name, 0)) for m in analyzer.modules}
 
 
 def _adapter(kernel: Path | None) -> OsAdapter:

@@ -203,7 +203,10 @@ class ModuleLines:
         if self._aranges is None:
             self._aranges = _read_aranges(self._dwarf)
         offset = self._aranges.unit_at(address)
-        if offset is not None:
+        if offset is not None or self._aranges.entries:
+            # With .debug_aranges, an address it does not hold has no CU (assembly
+            # without DWARF, as a kernel's entry code is): scanning every CU's ranges
+            # instead costs minutes on a distribution vmlinux and finds nothing.
             return offset
         if self._units is None:
             self._units = _unit_ranges(self._dwarf)
@@ -441,19 +444,25 @@ class SourceFrame:
 
 class SourceLookup:
     """Source lines and inlined calls for frames of several modules, each module's DWARF
-    opened on first use and decoded one CU at a time."""
+    opened on first use and decoded one CU at a time.
 
-    def __init__(self, modules: dict[str, Path]) -> None:
-        self._paths = modules
+    `modules`: each module's ELF file and load bias (guest address = file address +
+    bias, as a KASLR kernel runs), by the name frames carry."""
+
+    def __init__(self, modules: dict[str, tuple[Path, int]]) -> None:
+        self._files = modules
         self._modules: dict[str, ModuleLines] = {}
 
     def expand(self, module: str | None, function: str | None, address: int) -> list[SourceFrame]:
-        """The frame at `address` (a lookup address) as source frames, innermost first:
-        the inlined functions covering it, then the function itself.
+        """The frame at `address` (a lookup address, in the guest) as source frames,
+        innermost first: the inlined functions covering it, then the function itself.
 
         A vCPU stopped at the first instruction of an inlined call is inside it: GDB,
         stopped by an interrupt (as qmpprof stops a VM), lists that call; it hides one
         only when a breakpoint stopped it there."""
+        if module is None or module not in self._files:
+            return [SourceFrame(function, None, inlined=False)]
+        address -= self._files[module][1]
         table = self._table(module, address)
         line = table.line_for(address)
         calls = table.inlined_at(address)
@@ -464,9 +473,7 @@ class SourceLookup:
         frames.append(SourceFrame(function, line, inlined=False))
         return frames
 
-    def _table(self, module: str | None, address: int) -> LineTable:
-        if module is None or module not in self._paths:
-            return EMPTY
+    def _table(self, module: str, address: int) -> LineTable:
         if module not in self._modules:
-            self._modules[module] = ModuleLines(self._paths[module])
+            self._modules[module] = ModuleLines(self._files[module][0])
         return self._modules[module].table_for(address)

@@ -56,7 +56,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Target:
 
 
 def expand_everywhere(path: Path, addresses: list[int]) -> None:
-    lookup = SourceLookup({"m": path})
+    lookup = SourceLookup({"m": (path, 0)})
     for address in addresses:
         frames = lookup.expand("m", "outer", address)
         assert frames[-1].function == "outer" and not frames[-1].inlined

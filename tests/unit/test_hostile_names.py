@@ -133,7 +133,7 @@ def test_the_summary_and_the_folded_file_of_report(hostile_elf: Path, tmp_path: 
 
 
 def test_dump_text_has_one_line_per_frame(sample: Sample, hostile_elf: Path) -> None:
-    text = dump_text([sample], SourceLookup({hostile_elf.name: hostile_elf}), lines=True)
+    text = dump_text([sample], SourceLookup({hostile_elf.name: (hostile_elf, 0)}), lines=True)
     assert raw_controls(text) == set()
     lines = text.splitlines()
     assert len(lines) == 1 + 2 + 1  # the vCPU, two frames, the stop reason
@@ -142,7 +142,7 @@ def test_dump_text_has_one_line_per_frame(sample: Sample, hostile_elf: Path) -> 
 
 
 def test_dump_json_keeps_the_names_and_escapes_them(sample: Sample, hostile_elf: Path) -> None:
-    text = dump_json([sample], SourceLookup({hostile_elf.name: hostile_elf}))
+    text = dump_json([sample], SourceLookup({hostile_elf.name: (hostile_elf, 0)}))
     assert raw_controls(text) == set()
     (vcpu,) = json.loads(text)["vcpus"]
     assert vcpu["process"]["name"] == PROCESS.name

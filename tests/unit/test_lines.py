@@ -32,7 +32,7 @@ def test_every_address_of_a_function_with_inlined_calls(tmp_path: Path) -> None:
     elf = build_elf("inlined.c", tmp_path, "-O2", "-g")
     symbol = load_symbols(elf).find("outer")
     assert symbol is not None
-    lookup = SourceLookup({elf.name: elf})
+    lookup = SourceLookup({elf.name: (elf, 0)})
     inlined_seen = 0
     for address in range(symbol.address, symbol.address + symbol.size):
         ours = [(s.function or "?", str(s.line)) for s in lookup.expand(elf.name, "outer", address)]
@@ -56,9 +56,9 @@ def test_dump_json_lists_inlined_calls_as_frames_like_addr2line(tmp_path: Path) 
     )
     leaf = Frame(FrameAddress(symbol.address, FrameKind.INSTRUCTION), "outer", 0, elf.name)
     sample = Sample(0.0, 0, Mode.USER, (leaf, frame), StopReason.END_OF_STACK)
-    frames = json.loads(dump_json([sample], SourceLookup({elf.name: elf}), lines=True))["vcpus"][0][
-        "frames"
-    ]
+    frames = json.loads(dump_json([sample], SourceLookup({elf.name: (elf, 0)}), lines=True))[
+        "vcpus"
+    ][0]["frames"]
     expected = addr2line(elf, address - 1)
     assert [(f["function"], f"{f['file']}:{f['line']}") for f in frames[1:]] == expected
     assert [f["inlined"] for f in frames] == [False, True, True, False]
