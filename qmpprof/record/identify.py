@@ -1,14 +1,14 @@
-"""Which user binary runs in each address space: the SHA-256 of each candidate's .text,
-as the guest has it mapped, compared with the file's. Cached per CR3; re-checked when a
+"""Which user binary runs in each address space: each candidate's .text, as far as the
+guest has it mapped, compared with the file's. Cached per CR3; re-checked when a
 user PC leaves the matched binary, and (for address spaces nothing matched) at most once
 a second while they run user code."""
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Mapping
 
+from qmpprof.defaults import PAGE_SIZE
 from qmpprof.guest.mode import mode_of
 from qmpprof.model import Mode, RegisterSet
 from qmpprof.modules import Module
@@ -47,13 +47,25 @@ class AddressSpaceIdentifier:
         return module.text is not None and not module.text.contains(registers.rip)
 
     async def _match(self, vcpu: int) -> str | None:
-        digests: dict[tuple[int, int], str] = {}
         for module in self._candidates:
-            assert module.text is not None
-            key = (module.text.address, module.text.size)
-            if key not in digests:
-                data = await self._memory.read_window(vcpu, *key)
-                digests[key] = hashlib.sha256(data).hexdigest() if len(data) == key[1] else ""
-            if digests[key] == module.text.sha256:
+            if await self._text_matches(vcpu, module):
                 return module.name
         return None
+
+    async def _text_matches(self, vcpu: int, module: Module) -> bool:
+        """Whether every page of the module's .text the guest has mapped holds the
+        file's bytes, and one page at least is mapped. Page by page: Linux maps a
+        program's pages as they first run, so most of a large .text is not mapped."""
+        text = module.text
+        assert text is not None
+        end = text.address + text.size
+        mapped = 0
+        for page in range(text.address - text.address % PAGE_SIZE, end, PAGE_SIZE):
+            start = max(page, text.address)
+            data = await self._memory.read_window(vcpu, start, min(page + PAGE_SIZE, end) - start)
+            if not data:
+                continue
+            if data != module.code.read(start, len(data)):
+                return False
+            mapped += 1
+        return mapped > 0
