@@ -61,9 +61,13 @@ def user_mapping(user: Module, bias: int = 0, taken: Mapping | None = None) -> l
 
 
 class AddressSpace:
-    """The mappings one sample can run in, found by address (they must not overlap)."""
+    """The mappings one sample can run in, found by address (they must not overlap).
 
-    def __init__(self, mappings: Iterable[Mapping]) -> None:
+    `use_orc`: unwind a module that has ORC tables (a Linux kernel) with them, and with
+    its DWARF CFI only where ORC says nothing."""
+
+    def __init__(self, mappings: Iterable[Mapping], use_orc: bool = True) -> None:
+        self.use_orc = use_orc
         self.mappings = tuple(sorted(mappings, key=lambda m: m.start))
         for before, after in zip(self.mappings, self.mappings[1:], strict=False):
             if after.start < before.end:
@@ -84,7 +88,12 @@ class AddressSpace:
         mapping = self.mapping_at(address)
         if mapping is None:
             return None
-        return mapping.module.cfi.row_for(mapping.file_address(address))
+        module, file_address = mapping.module, mapping.file_address(address)
+        if self.use_orc and module.orc is not None:
+            row = module.orc.row_for(file_address)
+            if row is not None:
+                return row
+        return module.cfi.row_for(file_address)
 
     def symbols_at(self, address: int) -> tuple[SymbolTable, int] | None:
         """The symbols of the module mapped at `address` and its bias (SymbolSource)."""

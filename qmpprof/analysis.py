@@ -99,7 +99,8 @@ class Analyzer:
     def _space_and_symbolizer(self, raw: RawSample) -> tuple[AddressSpace, Symbolizer]:
         name = raw.user_module if raw.user_module in self.users else None
         if name not in self._spaces:
-            space = AddressSpace(self._mappings(self.users.get(name or "")))
+            mappings = self._mappings(self.users.get(name or ""))
+            space = AddressSpace(mappings, use_orc=self.strategy is Strategy.AUTO)
             self._spaces[name] = (space, Symbolizer(space))
         return self._spaces[name]
 

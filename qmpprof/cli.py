@@ -184,8 +184,8 @@ def _add_binary_arguments(parser: argparse.ArgumentParser) -> None:
         "--unwind",
         choices=[s.value for s in Strategy],
         default="auto",
-        help="auto: DWARF CFI, frame pointers where no CFI covers a frame (default); "
-        "cfi: CFI only; fp: frame pointers only",
+        help="auto: a Linux kernel's ORC tables, DWARF CFI elsewhere, frame pointers where "
+        "neither covers a frame (default); cfi: DWARF CFI only; fp: frame pointers only",
     )
     add(
         "--max-depth",

@@ -14,10 +14,12 @@ from elftools.elf.elffile import ELFFile
 
 from qmpprof.errors import BadElf
 from qmpprof.memory import WindowMemory
+from qmpprof.model import MemoryWindow
 from qmpprof.symbols.elf import SymbolTable, read_code_symbols
 from qmpprof.symbols.elf_file import open_elf
 from qmpprof.symbols.image import code_sections
 from qmpprof.unwind.cfi import CfiTable, load_cfi
+from qmpprof.unwind.orc import OrcTable, read_orc
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class Module:
     #: From its lowest code address to the end of its highest code section (file
     #: addresses); (0, 0) without code.
     extent: tuple[int, int] = (0, 0)
+    #: A Linux kernel's own unwind tables (.orc_unwind), preferred to its DWARF CFI.
+    orc: OrcTable | None = None
 
 
 def load_module(path: str | Path, name: str | None = None) -> Module:
@@ -59,10 +63,17 @@ def load_module(path: str | Path, name: str | None = None) -> Module:
         sections = code_sections(elf)
         text = text_section(elf)
         build_id = read_build_id(elf)
-    extent = (min(s.base for s in sections), max(s.end for s in sections)) if sections else (0, 0)
+        extent = _extent(sections)
+        orc = read_orc(elf, extent[1])
     cfi = load_cfi(path)
     code = WindowMemory(sections)
-    return Module(name or path.name, path, symbols, cfi, code, text, build_id, extent)
+    return Module(name or path.name, path, symbols, cfi, code, text, build_id, extent, orc)
+
+
+def _extent(sections: list[MemoryWindow]) -> tuple[int, int]:
+    if not sections:
+        return (0, 0)
+    return (min(s.base for s in sections), max(s.end for s in sections))
 
 
 def text_section(elf: ELFFile) -> TextSection | None:

@@ -24,9 +24,10 @@ from qmpprof.target.registers import parse_all
 #: Also read this much below RSP: CFI may restore a register from a slot the leaf
 #: has already popped (GCC keeps the save rule until the `ret`), and GDB reads it.
 BELOW_RSP = 128
-#: Windows read beyond the stack's: an unwind into a user stack takes one, a Linux
-#: task three (the per-CPU offsets, the CPU's area, the task), an unreadable end one.
-MAX_EXTRA_WINDOWS = 5
+#: Windows read beyond the stack's: a Linux task takes three (the per-CPU offsets, the
+#: CPU's area, the task), an interrupt on the IRQ stack one for the task's stack, the
+#: unwind into user space one or two for the user stack, an unreadable end one.
+MAX_EXTRA_WINDOWS = 8
 #: The HMP command that gives every vCPU's registers.
 REGISTERS = "info registers -a"
 

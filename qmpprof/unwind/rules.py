@@ -147,13 +147,16 @@ class UnwindRow:
 
     Registers without a rule keep their value if callee-saved, else become unknown;
     RSP without a rule is the CFA. `signal_frame`: the caller's address is an
-    interrupted instruction, not a return address.
+    interrupted instruction, not a return address. `switches_stack`: the caller's frame
+    may be on another stack (the kernel's IRQ stack links to the task's), so it need
+    not lie above this one.
     """
 
     cfa: CfaRule
     rules: tuple[tuple[int, RegisterRule], ...]
     return_column: int = RIP
     signal_frame: bool = False
+    switches_stack: bool = False
 
     def caller_registers(self, regs: Registers, memory: MemoryReader) -> list[int | None]:
         """The caller's registers (index RIP: its pc, None at the end of the stack).

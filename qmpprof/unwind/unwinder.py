@@ -22,8 +22,8 @@ from qmpprof.unwind.rules import DWARF_REGISTER_NAMES, RBP, REGISTER_COUNT, RIP,
 class Strategy(Enum):
     """Which unwinding methods to use (`--unwind`)."""
 
-    AUTO = "auto"  # CFI, frame pointers where no CFI covers a frame
-    CFI = "cfi"
+    AUTO = "auto"  # ORC (a Linux kernel's), else DWARF CFI, else frame pointers
+    CFI = "cfi"  # DWARF CFI only
     FP = "fp"
 
 
@@ -101,7 +101,7 @@ def _cfi_step(row: UnwindRow, regs: list[int | None], memory: MemoryReader) -> l
         raise _Stop(StopReason.FAULT, fault.address) from fault
     except UnsupportedExpression as err:
         raise _Stop(StopReason.BAD_CFI) from err
-    _check_progress(regs, caller, row.signal_frame)
+    _check_progress(regs, caller, row.signal_frame or row.switches_stack)
     return caller
 
 
@@ -124,17 +124,17 @@ def _fp_step(
     caller[RIP], caller[RSP], caller[RBP] = caller_pc, caller_rsp, caller_rbp
     for register in (3, 12, 13, 14, 15):
         caller[register] = regs[register]
-    _check_progress(regs, caller, signal=False)
+    _check_progress(regs, caller, other_stack=False)
     return caller
 
 
-def _check_progress(regs: list[int | None], caller: list[int | None], signal: bool) -> None:
+def _check_progress(regs: list[int | None], caller: list[int | None], other_stack: bool) -> None:
     """A caller's frame lies above its callee's: anything else is garbage or a loop.
 
-    An interrupt frame may switch stacks, so only its own repetition is caught (by
-    the caller of this function)."""
+    An interrupt frame or a stack switch may move to another stack, so only its own
+    repetition is caught (by the caller of this function)."""
     before, after = regs[RSP], caller[RSP]
     if after is None:
         raise _Stop(StopReason.NO_PROGRESS)
-    if not signal and before is not None and after <= before:
+    if not other_stack and before is not None and after <= before:
         raise _Stop(StopReason.NO_PROGRESS)
