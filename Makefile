@@ -84,8 +84,8 @@ guest:  ## build the example guest OS, both variants (the tests unwind both)
 	$(MAKE) -s -C examples/guest
 	$(MAKE) -s -C examples/guest VARIANT=nofp
 
-linux-guest:  ## fetch Debian's kernel + debug vmlinux once (~/.cache/qmpprof), build its initramfs
-	bash examples/linux/fetch.sh >/dev/null
+linux-guest:  ## fetch Debian's kernels (6.1, 6.12) + debug vmlinux once (~/.cache/qmpprof), build the initramfs
+	bash examples/linux/fetch.sh --all >/dev/null
 	$(MAKE) -s -C examples/linux
 
 clean:  ## remove the venv, demo output and guest builds

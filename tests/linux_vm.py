@@ -10,6 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOT = ROOT / "examples" / "linux" / "boot.sh"
+FETCH = ROOT / "examples" / "linux" / "fetch.sh"
 #: Booting Debian's kernel under TCG on a busy 2-core host, after a first download.
 BOOT_TIMEOUT_S = 900
 
@@ -21,14 +22,24 @@ class LinuxGuest:
     pid: int
     kernel: Path  # the debug vmlinux
     vmlinuz: Path
+    abi: str  # Debian's name for the kernel: 6.1.0-50-amd64
     qmp: str
     serial: str
 
 
-def boot_linux(workdir: Path, *extra: str) -> LinuxGuest:
-    """Boot the guest (fetching Debian's kernel first if this machine has not yet)."""
+def kernel_abis() -> list[str]:
+    """The Debian kernels the tests boot (bookworm's 6.1 first, then backports' 6.12):
+    fetch.sh's list, which `make linux-guest` fetches."""
+    done = subprocess.run([str(FETCH), "--list"], capture_output=True, text=True, check=True)
+    return done.stdout.split()
+
+
+def boot_linux(workdir: Path, *extra: str, abi: str | None = None) -> LinuxGuest:
+    """Boot the guest on kernel `abi` (boot.sh's default if None), fetching Debian's
+    kernel first if this machine has not yet."""
     qmp = workdir / "qmp.sock"
     command = [str(BOOT), "--qmp", str(qmp), "--serial", str(workdir / "serial.log"), *extra]
+    command += ["--abi", abi] if abi else []
     done = subprocess.run(command, capture_output=True, text=True, timeout=BOOT_TIMEOUT_S)
     if done.returncode != 0:
         raise RuntimeError(f"examples/linux/boot.sh failed: {done.stderr.strip()}")
@@ -37,16 +48,17 @@ def boot_linux(workdir: Path, *extra: str) -> LinuxGuest:
         int(values["pid"]),
         Path(values["kernel"]),
         Path(values["vmlinuz"]),
+        values["abi"],
         values["qmp"],
         values["serial"],
     )
 
 
 @contextmanager
-def running_linux(workdir: Path, *extra: str) -> Iterator[LinuxGuest]:
-    """The Linux guest booted with boot.sh's `extra` arguments, stopped however the
-    block ends."""
-    guest = boot_linux(workdir, *extra)
+def running_linux(workdir: Path, *extra: str, abi: str | None = None) -> Iterator[LinuxGuest]:
+    """The Linux guest booted on kernel `abi` with boot.sh's `extra` arguments, stopped
+    however the block ends."""
+    guest = boot_linux(workdir, *extra, abi=abi)
     try:
         yield guest
     finally:

@@ -2,13 +2,15 @@
 # Boot the Linux example guest (Debian's kernel, our initramfs) under TCG in the
 # background and wait until its init says it is ready.
 #
-#   boot.sh --qmp SOCKET [--gdb SOCKET] [--smp N] [--serial LOG] [--timeout SEC]
+#   boot.sh --qmp SOCKET [--gdb SOCKET|PORT] [--smp N] [--serial LOG] [--timeout SEC]
 #           [--nokaslr] [--abi ABI] [--extra-qmp SOCKET]
 #   boot.sh stop PID
 #
+# --abi picks the kernel (default $KERNEL_ABI, else fetch.sh's first; `fetch.sh --list`).
+# --gdb opens QEMU's gdbstub on a unix socket, or on a TCP port of 127.0.0.1 if a number.
 # On success prints, one per line on stdout:
-#   pid=<QEMU pid> kernel=<debug vmlinux> vmlinuz=<boot image> qmp=<socket>
-#   gdb=<socket or empty> serial=<log> accel=tcg
+#   pid=<QEMU pid> kernel=<debug vmlinux> vmlinuz=<boot image> abi=<ABI> qmp=<socket>
+#   gdb=<socket, 127.0.0.1:PORT or empty> serial=<log> accel=tcg
 # Everything else (make, downloads, diagnostics) goes to stderr.
 set -euo pipefail
 
@@ -37,7 +39,7 @@ while [[ $# -gt 0 ]]; do
         --timeout) timeout=${2:?--timeout needs a value}; shift 2 ;;
         --nokaslr) kaslr=nokaslr; shift ;;
         --abi) abi=${2:?--abi needs a value}; shift 2 ;;
-        -h|--help) sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
+        -h|--help) sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
         *) die "unknown argument '$1'" ;;
     esac
 done
@@ -46,7 +48,13 @@ done
 [[ $timeout =~ ^[1-9][0-9]*$ ]] || die "--timeout must be a positive integer (seconds)"
 command -v "$QEMU" >/dev/null || die "$QEMU not found"
 qmp=$(realpath -m -- "$qmp")
-[[ -n $gdb ]] && gdb=$(realpath -m -- "$gdb")
+gdb_device=''
+if [[ $gdb =~ ^[0-9]+$ ]]; then
+    ((gdb > 0 && gdb < 65536)) || die "--gdb PORT must be 1..65535"
+    gdb=127.0.0.1:$gdb gdb_device=tcp:$gdb,server=on,wait=off
+elif [[ -n $gdb ]]; then
+    gdb=$(realpath -m -- "$gdb") gdb_device=unix:$gdb,server=on,wait=off
+fi
 serial=$(realpath -m -- "${serial:-${qmp%.sock}-serial.log}")
 
 mkdir -p "$HERE/build"
@@ -65,7 +73,7 @@ args=(-accel tcg -display none -no-reboot -m "$MEMORY" -smp "$smp" -name qmpprof
       -append "console=ttyS0 quiet panic=-1 $kaslr"
       -serial "file:$serial" -qmp "unix:$qmp,server=on,wait=off"
       -daemonize -pidfile "$pidfile")
-[[ -n $gdb ]] && args+=(-gdb "unix:$gdb,server=on,wait=off")
+[[ -n $gdb_device ]] && args+=(-gdb "$gdb_device")
 # A second QMP monitor: another client (a benchmark watching for STOP) next to qmpprof.
 [[ -n $extra_qmp ]] && args+=(-qmp "unix:$(realpath -m -- "$extra_qmp"),server=on,wait=off")
 rm -f "$serial"
@@ -84,6 +92,7 @@ done
 echo "pid=$pid"
 echo "kernel=${kernel[vmlinux]}"
 echo "vmlinuz=${kernel[vmlinuz]}"
+echo "abi=${kernel[abi]}"
 echo "qmp=$qmp"
 echo "gdb=$gdb"
 echo "serial=$serial"

@@ -3,28 +3,51 @@
 # machine: `apt-get download` into ~/.cache/qmpprof/debian, the two files extracted to
 # ~/.cache/qmpprof/linux/ABI/{vmlinuz,vmlinux}. Skips whatever is cached already.
 #
-#   fetch.sh [ABI]        ABI defaults to $KERNEL_ABI, else 6.1.0-50-amd64 (bookworm)
+#   fetch.sh [ABI]     ABI defaults to $KERNEL_ABI, else the first of KERNELS (bookworm)
+#   fetch.sh --all     every kernel in KERNELS (the ones the tests boot)
+#   fetch.sh --list    the ABIs in KERNELS, one a line
 #
-# Prints, one per line on stdout: vmlinuz=<path> vmlinux=<path> abi=<ABI>
+# A kernel only bookworm-backports has (6.12) makes it add that archive to apt's sources
+# once (NotAutomatic there: `apt-get upgrade` still takes nothing from it).
+# Prints, one per line on stdout: vmlinuz=<path> vmlinux=<path> abi=<ABI> per kernel.
 set -euo pipefail
 
-abi=${1:-${KERNEL_ABI:-6.1.0-50-amd64}}
-[[ $abi =~ ^[0-9][0-9a-z.+-]*$ ]] || { echo "fetch.sh: bad kernel ABI '$abi'" >&2; exit 1; }
+# The kernels the tests boot: bookworm's own 6.1 and bookworm-backports' 6.12.
+KERNELS=(6.1.0-50-amd64 6.12.95+deb12-amd64)
 cache=${QMPPROF_CACHE:-$HOME/.cache/qmpprof}
 debs=$cache/debian
-out=$cache/linux/$abi
 SUDO=$([[ $(id -u) == 0 ]] || echo sudo)
+
+# has PACKAGE: apt's lists know PACKAGE.
+has() {
+    apt-cache show "$1" >/dev/null 2>&1
+}
+
+# add_backports: this release's backports archive in apt's sources, unless already there.
+add_backports() {
+    local codename
+    codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+    [[ -n $codename ]] || return 0
+    apt-cache policy | grep -qF "n=$codename-backports," && return 0
+    echo "fetch.sh: adding $codename-backports to apt's sources" >&2
+    printf '%s\n' 'Types: deb' 'URIs: http://deb.debian.org/debian' \
+        "Suites: $codename-backports" 'Components: main' \
+        'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg' |
+        $SUDO tee "/etc/apt/sources.list.d/qmpprof-$codename-backports.sources" >/dev/null
+    $SUDO apt-get update -qq >&2
+}
 
 # deb PACKAGE: the path of PACKAGE's .deb in the cache, downloaded if missing.
 deb() {
     local found
     found=$(compgen -G "$debs/$1_*.deb" | head -n 1 || true)
     if [[ -z $found ]]; then
-        if ! apt-cache show "$1" >/dev/null 2>&1; then
+        if ! has "$1"; then
             echo "fetch.sh: updating the package lists to find $1" >&2
             $SUDO apt-get update -qq >&2
         fi
-        apt-cache show "$1" >/dev/null 2>&1 ||
+        has "$1" || add_backports
+        has "$1" ||
             { echo "fetch.sh: Debian has no package $1 (try KERNEL_ABI=... of a current kernel)" >&2; exit 1; }
         echo "fetch.sh: downloading $1 into $debs" >&2
         (cd "$debs" && apt-get download -q "$1" >&2)
@@ -33,22 +56,39 @@ deb() {
     echo "$found"
 }
 
-# extract DEB MEMBER TARGET: one file of a package, written whole or not at all.
+# extract DEB MEMBER TARGET: one file of a package, written whole or not at all. tar
+# stops at the member (--occurrence): the debug vmlinux comes before thousands of
+# modules, so this reads a tenth of the archive, and dpkg-deb dies of SIGPIPE.
 extract() {
     echo "fetch.sh: extracting $2 from $(basename "$1")" >&2
-    dpkg-deb --fsys-tarfile "$1" | tar -xOf - "$2" >"$3.part"
+    local status
+    status=$(set +o pipefail
+        dpkg-deb --fsys-tarfile "$1" 2>/dev/null | tar -xOf - --occurrence=1 "$2" >"$3.part"
+        echo "${PIPESTATUS[1]}")
+    [[ $status == 0 && -s $3.part ]] || { echo "fetch.sh: no $2 in $1" >&2; exit 1; }
     mv "$3.part" "$3"
 }
 
-mkdir -p "$debs" "$out"
-if [[ ! -s $out/vmlinuz ]]; then
-    package=$(deb "linux-image-$abi-unsigned")  # set -e: a failed download ends here
-    extract "$package" "./boot/vmlinuz-$abi" "$out/vmlinuz"
-fi
-if [[ ! -s $out/vmlinux ]]; then
-    package=$(deb "linux-image-$abi-dbg")
-    extract "$package" "./usr/lib/debug/boot/vmlinux-$abi" "$out/vmlinux"
-fi
-echo "vmlinuz=$out/vmlinuz"
-echo "vmlinux=$out/vmlinux"
-echo "abi=$abi"
+# fetch ABI: both files of one kernel, then its three lines on stdout.
+fetch() {
+    local abi=$1 out=$cache/linux/$1 package
+    [[ $abi =~ ^[0-9][0-9a-z.+-]*$ ]] || { echo "fetch.sh: bad kernel ABI '$abi'" >&2; exit 1; }
+    mkdir -p "$debs" "$out"
+    if [[ ! -s $out/vmlinuz ]]; then
+        package=$(deb "linux-image-$abi-unsigned")  # set -e: a failed download ends here
+        extract "$package" "./boot/vmlinuz-$abi" "$out/vmlinuz"
+    fi
+    if [[ ! -s $out/vmlinux ]]; then
+        package=$(deb "linux-image-$abi-dbg")
+        extract "$package" "./usr/lib/debug/boot/vmlinux-$abi" "$out/vmlinux"
+    fi
+    echo "vmlinuz=$out/vmlinuz"
+    echo "vmlinux=$out/vmlinux"
+    echo "abi=$abi"
+}
+
+case ${1:-} in
+    --list) printf '%s\n' "${KERNELS[@]}" ;;
+    --all) for abi in "${KERNELS[@]}"; do fetch "$abi"; done ;;
+    *) fetch "${1:-${KERNEL_ABI:-${KERNELS[0]}}}" ;;
+esac

@@ -16,14 +16,17 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import run_qmpprof
-from tests.linux_vm import LinuxGuest, running_linux
+from tests.linux_vm import LinuxGuest, kernel_abis, running_linux
 
 HANDLER = "asm_exc_divide_error"
 
 
-@pytest.fixture(scope="module")
-def kaslr_guest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LinuxGuest]:
-    with running_linux(tmp_path_factory.mktemp("kaslr"), "--smp", "2") as guest:
+@pytest.fixture(scope="module", params=kernel_abis())
+def kaslr_guest(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LinuxGuest]:
+    workdir = tmp_path_factory.mktemp("kaslr")
+    with running_linux(workdir, "--smp", "2", abi=request.param) as guest:
         yield guest
 
 

@@ -12,17 +12,19 @@ import pytest
 
 from qmpprof.guest.registry import choose_adapter
 from tests.integration.conftest import run_qmpprof
-from tests.linux_vm import LinuxGuest, running_linux
+from tests.linux_vm import LinuxGuest, kernel_abis, running_linux
 
 VCPUS = 2
 
 
-@pytest.fixture(scope="module")
-def linux(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LinuxGuest]:
+@pytest.fixture(scope="module", params=kernel_abis())
+def linux(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LinuxGuest]:
     # nokaslr: the kernel's link addresses are its guest addresses, so the dump's kernel
     # frames are named and dump's check that --kernel matches the guest applies.
     workdir = tmp_path_factory.mktemp("linux")
-    with running_linux(workdir, "--smp", str(VCPUS), "--nokaslr") as guest:
+    with running_linux(workdir, "--smp", str(VCPUS), "--nokaslr", abi=request.param) as guest:
         yield guest
 
 
