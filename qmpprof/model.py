@@ -84,6 +84,10 @@ class RegisterSet:
     cr3: int = 0
     cr4: int = 0
     efer: int = 0
+    #: The GS segment's base (in the kernel, Linux's per-CPU area of this CPU) and the
+    #: GDT's base (0 when the dump did not give them: an older capture).
+    gs_base: int = 0
+    gdt_base: int = 0
 
     @property
     def rip(self) -> int:
@@ -120,10 +124,13 @@ class MemoryWindow:
 
 @dataclass(frozen=True)
 class Process:
-    """A guest process as the OS adapter names it. pid None: no process (kernel only)."""
+    """A guest process as the OS adapter names it. pid None: no process (kernel only: a
+    CPU's idle context, a kernel thread). `tid` is the thread that ran, when the OS
+    tells threads apart (a Linux task's pid; its process id is the tgid)."""
 
     pid: int | None
     name: str
+    tid: int | None = None
 
     def label(self) -> str:
         return self.name if self.pid is None else f"{self.name} ({self.pid})"
@@ -131,6 +138,9 @@ class Process:
 
 #: What runs on a CPU that the OS adapter says has no current process.
 KERNEL_ONLY = Process(None, "[kernel]")
+#: A CPU's idle context when the OS has one of its own (Linux's idle task, pid 0,
+#: `swapper/N`): no process, as KERNEL_ONLY, but named for what it is.
+IDLE_CONTEXT = Process(None, "[idle]")
 
 
 @dataclass(frozen=True)

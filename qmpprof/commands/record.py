@@ -25,7 +25,7 @@ from qmpprof.commands.common import TargetOptions, build_analyzer, cfi_problems
 from qmpprof.commands.connect import connected
 from qmpprof.console import Console, say
 from qmpprof.console.progress import RecordProgress
-from qmpprof.console.summary import render_summary
+from qmpprof.console.summary import kernel_line, render_summary
 from qmpprof.defaults import DEFAULT_RATE_HZ
 from qmpprof.errors import KernelMismatch
 from qmpprof.model import CapturedSample, Ending, EndReason, Recording, RecordStats
@@ -153,6 +153,8 @@ def _announce(options: RecordOptions, collector: Collector, memory: str, err: Co
             f"memory backend: {memory}; OS adapter: {analyzer.adapter.name}; "
             f"user binaries: {users}",
         )
+        if analyzer.kernel is not None:
+            say(err, kernel_line(analyzer.kernel.path, analyzer.kernel_bias))
         for line in cfi_problems(analyzer, compile_all=True):
             say(err, f"warning: {visible(line)}")
     say(err, _start_line(options))
@@ -179,10 +181,24 @@ def _finish(
     by SIGHUP may refuse this), then raise for what went wrong."""
     with contextlib.suppress(OSError):
         show_written(written, out)
-        render_summary(collector.profile, stats, out, cfi_problems(collector.analyzer, False))
+        render_summary(
+            collector.profile,
+            stats,
+            out,
+            cfi_problems(collector.analyzer, False),
+            kernel=_placement(collector.analyzer),
+        )
     raise_for_failures(written)
     if collector.coverage.mismatched and options.target.kernel is not None:
         raise KernelMismatch(collector.coverage.describe(str(options.target.kernel)))
+
+
+def _placement(analyzer: Analyzer) -> str | None:
+    """The summary's kernel line: only for a kernel that was moved (a KASLR slide)."""
+    kernel = analyzer.kernel
+    if kernel is None or not analyzer.kernel_bias:
+        return None
+    return kernel_line(kernel.path, analyzer.kernel_bias)
 
 
 def _recording(

@@ -7,6 +7,7 @@ Text, never as markup: it shows literally, control characters spelled out.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -25,10 +26,14 @@ def render_summary(
     console: Console,
     notes: Sequence[str] = (),
     limit: int = 10,
+    kernel: str | None = None,
 ) -> None:
-    """Print what was recorded, `notes` (problems worth knowing, one line each) and the
-    `limit` heaviest stacks with percentages."""
+    """Print what was recorded, where the kernel ran (`kernel`, a `kernel_line`), `notes`
+    (problems worth knowing, one line each) and the `limit` heaviest stacks with
+    percentages."""
     console.print(Text(_counts_line(stats)), soft_wrap=True)
+    if kernel is not None:
+        console.print(Text(kernel), soft_wrap=True)
     for note in notes:
         console.print(Text(visible(note)), style="yellow", soft_wrap=True)
     if stats.failed and stats.last_error:
@@ -40,6 +45,12 @@ def render_summary(
             soft_wrap=True,
         )
     render_profile(profile, console, limit)
+
+
+def kernel_line(kernel: Path, bias: int) -> str:
+    """The kernel ELF and where the guest runs it: `kernel: vmlinux, KASLR slide 0x…`."""
+    where = f"KASLR slide {bias:#x}" if bias else "at its link address"
+    return f"kernel: {visible(kernel.name)}, {where}"
 
 
 def render_profile(profile: Profile, console: Console, limit: int = 10) -> None:

@@ -58,9 +58,12 @@ class TaskFields:
     def read(self, memory: MemoryReader, task: int) -> Process:
         """The process whose structure is at `task`. Raises MemoryFault."""
         pid = int.from_bytes(memory.read(task + self.pid_offset, 4), "little", signed=True)
-        raw = memory.read(task + self.name_offset, self.name_size)
-        name = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
-        return Process(pid, name or "?")
+        return Process(pid, task_name(memory.read(task + self.name_offset, self.name_size)))
+
+
+def task_name(raw: bytes) -> str:
+    """A process name as the guest stores it: bytes up to the first NUL ("?" if none)."""
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace") or "?"
 
 
 def task_fields(pid_offset: int, name_offset: int, name_size: int) -> TaskFields:

@@ -10,7 +10,7 @@ bounded: a 600 MB kernel .debug_info costs a bounded scan, not a walk of every e
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,18 +53,24 @@ class KernelLayout:
     structs: dict[str, dict[str, Member]]
 
 
-def read_layout(path: Path, variables: set[str], structs: set[str]) -> KernelLayout:
-    """Look up the named variables (.symtab) and structs (DWARF). Missing ones are absent;
-    an unreadable ELF or DWARF gives an empty layout (the adapter then does not apply)."""
+def read_layout(
+    path: Path, variables: set[str], structs: set[str], members: Collection[str] | None = None
+) -> KernelLayout:
+    """Look up the named variables (.symtab) and structs (DWARF): each struct's `members`
+    only, when given (a kernel's task_struct has hundreds). Missing ones are absent; an
+    unreadable ELF or DWARF gives an empty layout (the adapter then does not apply)."""
     try:
-        with open_elf(path) as elf:
-            found_variables = read_object_symbols(elf, variables)
+        with open_elf(path) as elf:  # checked before the DWARF is read, even for no variable
+            found_variables = read_object_symbols(elf, variables) if variables else {}
     except BadElf:
         return KernelLayout({}, {})
-    return KernelLayout(found_variables, _structs(path, structs) if structs else {})
+    wanted = None if members is None else frozenset(members)
+    return KernelLayout(found_variables, _structs(path, structs, wanted) if structs else {})
 
 
-def _structs(path: Path, names: set[str]) -> dict[str, dict[str, Member]]:
+def _structs(
+    path: Path, names: set[str], wanted: frozenset[str] | None
+) -> dict[str, dict[str, Member]]:
     dwarf = open_mapped_dwarf(path)
     if dwarf is None:
         return {}
@@ -78,7 +84,7 @@ def _structs(path: Path, names: set[str]) -> dict[str, dict[str, Member]]:
                 name = _name(die)
                 # A declaration (no members) may come first; keep looking for the definition.
                 if die.tag == "DW_TAG_structure_type" and name in names and not found.get(name):
-                    found[name] = _members(die)
+                    found[name] = _members(die, wanted)
             if all(found.get(name) for name in names) or budget.spent():
                 break
     except ELF_PARSE_ERRORS:
@@ -135,12 +141,15 @@ def _after(die: Any, end: int, budget: _Budget) -> int:
     return int(offset)
 
 
-def _members(struct: Any) -> dict[str, Member]:
+def _members(struct: Any, wanted: frozenset[str] | None) -> dict[str, Member]:
     members = {}
     for child in _children(struct):
         location = child.attributes.get("DW_AT_data_member_location")
+        name = _name(child) or ""
+        if wanted is not None and name not in wanted:
+            continue
         if child.tag == "DW_TAG_member" and location is not None and _is_count(location.value):
-            members[_name(child) or ""] = Member(location.value, _byte_size(child))
+            members[name] = Member(location.value, _byte_size(child))
     return members
 
 

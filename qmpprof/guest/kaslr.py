@@ -5,13 +5,22 @@ Every x86-64 interrupt gate holds the address of its handler. Linux points vecto
 handler minus the symbol's address in the vmlinux is the slide of the kernel's text:
 guest address = file address + slide. One 16-byte read, at the IDT base that `info
 registers` gives, and no guessing.
+
+The slide is then checked: `linux_banner` ("Linux version 6.1.0-… (…) #1 SMP …"), read
+from the guest at its link address plus the slide, must be the vmlinux's own bytes. A
+handler no slide explains, or a banner that differs, means --kernel is not the guest's
+kernel: `mismatch_*` say so in one line.
 """
 
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
+from qmpprof.errors import BadElf
 from qmpprof.symbols.elf import SymbolTable
+from qmpprof.symbols.elf_file import open_elf
+from qmpprof.visible import visible
 
 #: The handler of vector 0, by kernel version.
 DIVIDE_ERROR_HANDLERS = ("asm_exc_divide_error", "divide_error")
@@ -21,6 +30,9 @@ GATE_SIZE = 16
 SLIDE_ALIGN = 0x20_0000
 MAX_SLIDE = 1 << 30
 _INTERRUPT_GATE = 0xE
+#: The longest banner compared (Debian's 6.1 is 150 bytes) and shown in a message.
+MAX_BANNER = 512
+SHOWN_BANNER = 72
 
 
 def gate_handler(gate: bytes) -> int | None:
@@ -40,10 +52,61 @@ def kernel_slide(divide_error_gate: bytes, symbols: SymbolTable) -> int | None:
     """The kernel's slide from the gate of vector 0; None when the gate or the symbol
     table does not give one that KASLR could have made."""
     handler = gate_handler(divide_error_gate)
-    symbol = next(filter(None, map(symbols.find, DIVIDE_ERROR_HANDLERS)), None)
-    if handler is None or symbol is None:
+    linked = divide_error_symbol(symbols)
+    if handler is None or linked is None:
         return None
-    slide = handler - symbol.address
+    slide = handler - linked
     if slide % SLIDE_ALIGN or abs(slide) >= MAX_SLIDE:
         return None
     return slide
+
+
+def divide_error_symbol(symbols: SymbolTable) -> int | None:
+    """The link address of vector 0's handler in the kernel ELF, if it has one."""
+    symbol = next(filter(None, map(symbols.find, DIVIDE_ERROR_HANDLERS)), None)
+    return None if symbol is None else symbol.address
+
+
+def linked_string(path: Path, address: int) -> bytes | None:
+    """The NUL-terminated bytes the ELF at `path` holds at link address `address` (at
+    most MAX_BANNER, NUL excluded); None when no section with contents holds it."""
+    try:
+        with open_elf(path) as elf:
+            for section in elf.iter_sections():
+                start, size = section["sh_addr"], section["sh_size"]
+                if section["sh_type"] != "SHT_PROGBITS" or not start <= address < start + size:
+                    continue
+                section.stream.seek(section["sh_offset"] + address - start)
+                data: bytes = section.stream.read(min(MAX_BANNER, start + size - address))
+                return data.split(b"\0", 1)[0]
+    except BadElf:
+        return None
+    return None
+
+
+def mismatch_no_slide(kernel: str, handler: int, symbols: SymbolTable) -> str:
+    """Why no slide: the guest's vector 0 handler is no move of the ELF's."""
+    linked = divide_error_symbol(symbols)
+    if linked is None:
+        return (
+            f"--kernel {kernel} does not match the guest: it has no {DIVIDE_ERROR_HANDLERS[0]}, "
+            f"the guest's divide-error handler (at {handler:#x})"
+        )
+    return (
+        f"--kernel {kernel} does not match the guest: its {DIVIDE_ERROR_HANDLERS[0]} "
+        f"({linked:#x}) is no KASLR slide away from the guest's divide-error handler "
+        f"({handler:#x})"
+    )
+
+
+def mismatch_banner(kernel: str, expected: bytes, found: bytes, address: int) -> str | None:
+    """None when the guest's bytes at `address` are the ELF's banner; else why not."""
+    if found == expected:
+        return None
+    said = visible(found.split(b"\0", 1)[0][:SHOWN_BANNER].decode("utf-8", "replace").strip())
+    own = visible(expected[:SHOWN_BANNER].decode("utf-8", "replace").strip())
+    guest = f'"{said}"' if said else "nothing readable"
+    return (
+        f'--kernel {kernel} does not match the guest: its linux_banner is "{own}", '
+        f"the guest has {guest} there ({address:#x})"
+    )

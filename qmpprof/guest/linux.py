@@ -2,25 +2,94 @@
 
 Chosen when the kernel ELF has `linux_banner` or `init_task`, at no DWARF cost. The task
 on a CPU is the per-CPU variable `current_task` (6.1; the first member of `pcpu_hot`
-from 6.2), at that CPU's offset in `__per_cpu_offset[]`; its pid and `comm` come from
-`struct task_struct`, the only type read (bounded: guest/dwarf_types.py). Per-CPU
-symbols are offsets into each CPU's area and do not move with KASLR; `__per_cpu_offset`
-does (`relocate`). Linux numbers its CPUs as QEMU numbers its vCPUs here: CPU n is
-vCPU n, which holds for QEMU's x86 machines as they boot.
+from 6.2), at that CPU's offset in `__per_cpu_offset[]`; what names it comes from
+`struct task_struct`, the only type read, four members of it (bounded:
+guest/dwarf_types.py). Per-CPU symbols are offsets into each CPU's area and do not move
+with KASLR; `__per_cpu_offset` does (`relocate`).
+
+Which Linux CPU a vCPU is, is read, not assumed (`linux_cpu`): in kernel mode the GS
+base is that CPU's per-CPU area, so a GS base equal to `__per_cpu_offset[vcpu]` says
+vCPU n is CPU n at no extra read. Otherwise (user mode, where the kernel's GS base is
+in an MSR `info registers` does not print, or kernel entry code before `swapgs`) the
+CPU number comes from the vCPU's GDT, where Linux keeps it for getcpu(): the limit of
+descriptor GDT_ENTRY_CPUNODE is `node << 12 | cpu`. A dump without these registers (an
+older capture) falls back to CPU n = vCPU n.
+
+Labels, as perf and ps draw them: a user task is `comm (tgid)`, its pid kept as the
+thread id; a kernel thread (PF_KTHREAD in its flags, which the kernel itself tests: a
+user task that is exiting has no mm either) is `[comm]`; a CPU's idle task (pid 0,
+`swapper/N`) is IDLE_CONTEXT.
 """
 
 from __future__ import annotations
 
-from qmpprof.guest.adapter import KernelFacts, TaskFields, task_fields
-from qmpprof.guest.dwarf_types import read_layout
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from qmpprof.guest.adapter import NAME_LIMIT, KernelFacts, task_name
+from qmpprof.guest.dwarf_types import Member, read_layout
 from qmpprof.memory import MemoryReader
-from qmpprof.model import Process, RegisterSet
+from qmpprof.model import IDLE_CONTEXT, Process, RegisterSet
 
 #: Linux's NR_CPUS ceiling on x86-64: a vCPU index beyond it is not a Linux CPU.
 MAX_CPUS = 8192
 _CURRENT = ("current_task", "pcpu_hot")
 #: Symbols only a Linux kernel has: either says it is one.
 _MARKERS = frozenset({"linux_banner", "init_task"})
+
+#: task_struct.flags of a kernel thread (include/linux/sched.h; 6.1 and 6.12 alike).
+PF_KTHREAD = 0x0020_0000
+TASK_MEMBERS = ("pid", "tgid", "comm", "flags")
+#: The most bytes of a task_struct read per sample, in one span from its first member
+#: read to the end of its last: one capture window (a page past the address) holds it.
+MAX_TASK_SPAN = 4096
+#: Where the GDT keeps the CPU number (GDT_ENTRY_CPUNODE, entry 15, x86-64 Linux).
+CPUNODE_OFFSET = 15 * 8
+_CPU_MASK = 0xFFF
+#: A present, DPL 3, code-or-data descriptor: what Linux writes there.
+_USER_SEGMENT = 0xF0
+_I32 = struct.Struct("<i")
+_U32 = struct.Struct("<I")
+
+
+@dataclass(frozen=True)
+class TaskLayout:
+    """Where task_struct keeps what a label needs: offsets into the span of
+    `size` bytes at `start` in the task, read at once."""
+
+    start: int
+    size: int
+    pid: int
+    tgid: int
+    flags: int
+    comm: int
+    comm_size: int
+
+    @classmethod
+    def from_members(cls, members: Mapping[str, Member]) -> TaskLayout | None:
+        """The layout, if task_struct has the four members within MAX_TASK_SPAN."""
+        if any(name not in members for name in TASK_MEMBERS):
+            return None
+        comm_size = min(members["comm"].size or 16, NAME_LIMIT)
+        sizes = {"pid": 4, "tgid": 4, "flags": 4, "comm": comm_size}
+        start = min(members[name].offset for name in TASK_MEMBERS)
+        end = max(members[name].offset + sizes[name] for name in TASK_MEMBERS)
+        if end - start > MAX_TASK_SPAN:
+            return None
+        pid, tgid, comm, flags = (members[name].offset - start for name in TASK_MEMBERS)
+        return cls(start, end - start, pid, tgid, flags, comm, comm_size)
+
+    def read(self, memory: MemoryReader, task: int) -> Process:
+        """The label of the task at `task`. Raises MemoryFault."""
+        span = memory.read(task + self.start, self.size)
+        tid = _I32.unpack_from(span, self.pid)[0]
+        if tid == 0:
+            return IDLE_CONTEXT
+        name = task_name(span[self.comm : self.comm + self.comm_size])
+        if _U32.unpack_from(span, self.flags)[0] & PF_KTHREAD:
+            return Process(None, f"[{name}]", tid)
+        return Process(_I32.unpack_from(span, self.tgid)[0], name, tid)
 
 
 class LinuxAdapter:
@@ -31,11 +100,14 @@ class LinuxAdapter:
         self,
         per_cpu_offsets: int | None = None,
         current_task: int | None = None,
-        fields: TaskFields | None = None,
+        task: TaskLayout | None = None,
+        banner: int | None = None,
     ) -> None:
         self.per_cpu_offsets = per_cpu_offsets
         self.current_task = current_task
-        self.fields = fields
+        self.task = task
+        #: linux_banner's link address: what record/relocation.py checks a slide with.
+        self.banner = banner
         self.bias = 0
 
     @classmethod
@@ -48,28 +120,47 @@ class LinuxAdapter:
         chosen all the same, naming none."""
         offsets = facts.symbols.get("__per_cpu_offset")
         current = next((facts.symbols[n] for n in _CURRENT if n in facts.symbols), None)
+        banner = facts.symbols.get("linux_banner")
         if offsets is None or current is None:
-            return cls()
-        members = read_layout(facts.path, set(), {"task_struct"}).structs.get("task_struct", {})
-        if "pid" not in members or "comm" not in members:
-            return cls()
-        comm = members["comm"]
-        return cls(
-            offsets, current, task_fields(members["pid"].offset, comm.offset, comm.size or 16)
-        )
+            return cls(banner=banner)
+        layout = read_layout(facts.path, set(), {"task_struct"}, TASK_MEMBERS)
+        task = TaskLayout.from_members(layout.structs.get("task_struct", {}))
+        if task is None:
+            return cls(banner=banner)
+        return cls(offsets, current, task, banner)
 
     def relocate(self, bias: int) -> None:
         self.bias = bias
 
     def process(self, registers: RegisterSet, memory: MemoryReader) -> Process | None:
-        """The task on this vCPU (pid 0 is its idle task, `swapper/N`); None when the
-        kernel gave no way to tell. Raises MemoryFault for memory it needs."""
-        if self.fields is None or self.per_cpu_offsets is None or self.current_task is None:
+        """The task on this vCPU; None when the kernel gave no way to tell. Raises
+        MemoryFault for memory it needs."""
+        if self.task is None or self.per_cpu_offsets is None or self.current_task is None:
             return None
         if not 0 <= registers.vcpu < MAX_CPUS:
             return None
-        area = memory.read_u64(self.per_cpu_offsets + self.bias + 8 * registers.vcpu)
+        areas = self.per_cpu_offsets + self.bias
+        area = per_cpu_area(areas, linux_cpu(areas, registers, memory), memory)
         task = memory.read_u64((area + self.current_task) % (1 << 64))
-        if task == 0:
-            return None
-        return self.fields.read(memory, task)
+        return None if task == 0 else self.task.read(memory, task)
+
+
+def per_cpu_area(areas: int, cpu: int, memory: MemoryReader) -> int:
+    """Where Linux CPU `cpu`'s per-CPU variables are: its entry of __per_cpu_offset,
+    which is at `areas` in the guest."""
+    return memory.read_u64(areas + 8 * cpu)
+
+
+def linux_cpu(areas: int, registers: RegisterSet, memory: MemoryReader) -> int:
+    """The Linux CPU number of this vCPU (see the module's docstring). Raises
+    MemoryFault."""
+    vcpu = registers.vcpu
+    kernel_gs = registers.gs_base if registers.cpl == 0 else 0
+    if kernel_gs and per_cpu_area(areas, vcpu, memory) == kernel_gs:
+        return vcpu
+    if not registers.gdt_base:
+        return vcpu
+    descriptor = memory.read_u64((registers.gdt_base + CPUNODE_OFFSET) % (1 << 64))
+    if (descriptor >> 40) & _USER_SEGMENT != _USER_SEGMENT:
+        return vcpu
+    return descriptor & _CPU_MASK

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from qmpprof.model import Frame, Sample
+from qmpprof.model import Frame, Process, Sample
 from qmpprof.symbols.lines import SourceFrame, SourceLookup
 from qmpprof.visible import visible
 
@@ -31,7 +31,7 @@ def _vcpu_json(sample: Sample, sources: SourceLookup | None, lines: bool) -> dic
         "mode": sample.mode.value,
         "pc": f"{sample.frames[0].address.address:#x}",
         "cr3": f"{sample.address_space:#x}",
-        "process": None if process is None else {"pid": process.pid, "name": process.name},
+        "process": None if process is None else _process_json(process),
         "frames": [
             entry
             for frame in sample.frames
@@ -39,6 +39,12 @@ def _vcpu_json(sample: Sample, sources: SourceLookup | None, lines: bool) -> dic
         ],
         "stop": sample.stop.value,
     }
+
+
+def _process_json(process: Process) -> dict[str, object]:
+    """pid None: no process (a kernel thread, an idle or kernel-only CPU); tid None: the
+    OS adapter tells no threads apart."""
+    return {"pid": process.pid, "tid": process.tid, "name": process.name}
 
 
 def _frame_json(frame: Frame, sources: list[SourceFrame], lines: bool) -> list[dict[str, object]]:

@@ -20,6 +20,7 @@ _VARINT, _LENGTH = 0, 2
 _UINT64 = (1 << 64) - 1
 #: pprof drops a numeric label whose value and unit are both 0 (vCPU 0): give it a unit.
 VCPU_UNIT = "vcpu"
+THREAD_UNIT = "thread"
 
 
 def write_pprof(
@@ -95,6 +96,8 @@ class _SampleKey:
     vcpu: int
     process: str
     mode: str
+    #: The thread id the OS adapter gave (None: no thread, or an OS that has none).
+    thread: int | None = None
 
 
 class ProtoProfile:
@@ -116,7 +119,10 @@ class ProtoProfile:
     def add(self, sample: Sample, frames: Sequence[Frame]) -> None:
         """Count one sample whose counted frames (leaf first) are `frames`."""
         locations = tuple(self.location(frame) for frame in frames)
-        self.samples[_SampleKey(locations, sample.vcpu, sample.label(), sample.mode.value)] += 1
+        process = sample.process
+        tid = None if process is None or process.tid is None or process.tid < 0 else process.tid
+        key = _SampleKey(locations, sample.vcpu, sample.label(), sample.mode.value, tid)
+        self.samples[key] += 1
 
     def location(self, frame: Frame) -> int:
         """The id of `frame`'s Location (one per address, function and module)."""
@@ -166,6 +172,12 @@ class ProtoProfile:
             uint_field(1, self.string("process")) + uint_field(2, self.string(key.process)),
             uint_field(1, self.string("mode")) + uint_field(2, self.string(key.mode)),
         ]
+        if key.thread is not None:
+            labels.append(
+                uint_field(1, self.string("thread"))
+                + uint_field(3, key.thread)
+                + uint_field(4, self.string(THREAD_UNIT))
+            )
         message = packed_field(1, key.locations) + packed_field(2, [count, count * self.period_ns])
         return bytes_field(2, message + b"".join(bytes_field(3, label) for label in labels))
 

@@ -96,13 +96,17 @@ def _sample_record(sample: CapturedSample) -> dict[str, Any]:
             "cr3": regs.cr3,
             "cr4": regs.cr4,
             "efer": regs.efer,
+            "gs_base": regs.gs_base,
+            "gdt_base": regs.gdt_base,
         },
         "user_module": raw.user_module,
         "error": raw.error,
         "frames": [[f.address, f.kind.value, f.how.value] for f in frames],
         "stop": stop.value,
         "fault": stack.fault_address,
-        "process": None if process is None else {"pid": process.pid, "name": process.name},
+        "process": None
+        if process is None
+        else {"pid": process.pid, "name": process.name, "tid": process.tid},
     }
 
 
@@ -191,6 +195,8 @@ def _registers(regs: dict[str, Any]) -> RegisterSet:
         cr3=fields.get("cr3", _u64, 0),
         cr4=fields.get("cr4", _u64, 0),
         efer=fields.get("efer", _u64, 0),
+        gs_base=fields.get("gs_base", _u64, 0),
+        gdt_base=fields.get("gdt_base", _u64, 0),
     )
 
 
@@ -233,6 +239,7 @@ def _process(value: Any) -> Process:
     return Process(
         pid=fields.get("pid", _optional(_int_within(-(1 << 63), U64))),
         name=fields.get("name", _str),
+        tid=fields.get("tid", _optional(_int_within(-(1 << 63), U64)), None),
     )
 
 

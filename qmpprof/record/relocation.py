@@ -1,11 +1,22 @@
-"""Where the guest runs its kernel, found once per connection (guest/kaslr.py)."""
+"""Where the guest runs its kernel, found once per connection and checked (guest/kaslr.py)."""
 
 from __future__ import annotations
 
 import re
 
 from qmpprof.analysis import Analyzer
-from qmpprof.guest.kaslr import GATE_SIZE, kernel_slide
+from qmpprof.errors import KernelMismatch
+from qmpprof.guest.kaslr import (
+    GATE_SIZE,
+    gate_handler,
+    kernel_slide,
+    linked_string,
+    mismatch_banner,
+    mismatch_no_slide,
+)
+from qmpprof.guest.linux import LinuxAdapter
+from qmpprof.model import RegisterSet
+from qmpprof.modules import Module
 from qmpprof.record.capture import REGISTERS
 from qmpprof.target.memory import MemoryBackend
 from qmpprof.target.qmp import QmpSession
@@ -19,9 +30,11 @@ async def kernel_slide_of(
     session: QmpSession, memory: MemoryBackend, analyzer: Analyzer
 ) -> int | None:
     """The slide of a Linux guest's kernel (KASLR), read from the divide-error gate of
-    the IDT of a vCPU in 64-bit mode; None when the kernel is not Linux or no vCPU
-    gives one (a guest still booting)."""
-    if analyzer.kernel is None or analyzer.adapter.name != "linux":
+    the IDT of a vCPU in 64-bit mode and checked against the guest's `linux_banner`;
+    None when the kernel is not Linux or no vCPU gives one (a guest still booting).
+    Raises KernelMismatch when the guest's kernel is not the --kernel ELF."""
+    kernel, adapter = analyzer.kernel, analyzer.adapter
+    if kernel is None or not isinstance(adapter, LinuxAdapter):
         return None
     text = await session.hmp(REGISTERS)
     registers = parse_all(text)
@@ -32,5 +45,27 @@ async def kernel_slide_of(
     for regs, base in zip(registers, bases, strict=True):
         if regs.bits == 64:
             gate = await memory.read_window(regs.vcpu, base, GATE_SIZE)
-            return kernel_slide(gate, analyzer.kernel.symbols)
+            handler = gate_handler(gate)
+            if handler is None:
+                return None
+            slide = kernel_slide(gate, kernel.symbols)
+            if slide is None:
+                raise KernelMismatch(mismatch_no_slide(str(kernel.path), handler, kernel.symbols))
+            await _check_banner(memory, regs, kernel, adapter.banner, slide)
+            return slide
     return None
+
+
+async def _check_banner(
+    memory: MemoryBackend, regs: RegisterSet, kernel: Module, banner: int | None, slide: int
+) -> None:
+    """Raise KernelMismatch unless the guest's linux_banner, moved by `slide`, is the
+    ELF's. A kernel ELF without the symbol or its bytes is not checked."""
+    expected = linked_string(kernel.path, banner) if banner is not None else None
+    if banner is None or not expected:
+        return
+    address = (banner + slide) % (1 << 64)
+    found = await memory.read_window(regs.vcpu, address, len(expected))
+    problem = mismatch_banner(str(kernel.path), expected, found, address)
+    if problem is not None:
+        raise KernelMismatch(problem)

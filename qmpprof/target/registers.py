@@ -36,6 +36,9 @@ _LONG_MODE = _layout((*_LONG_GENERAL, *(f"R{n}" for n in range(8, 16)), "RIP"), 
 _LEGACY_MODE = _layout(("EAX", "EBX", "ECX", "EDX", "ESI", "EDI", "EBP", "ESP", "EIP"), "EFL")
 _CONTROL = re.compile(rf"CR0=(?P<CR0>{_HEX}) CR2={_HEX} CR3=(?P<CR3>{_HEX}) CR4=(?P<CR4>{_HEX})")
 _EFER = re.compile(rf"EFER=(?P<EFER>{_HEX})")
+#: "GS =<selector> <base> <limit> <flags>" and "GDT=     <base> <limit>".
+_GS_BASE = re.compile(rf"GS =[0-9a-f]{{4}} ({_HEX}) ")
+_GDT_BASE = re.compile(rf"GDT= {{0,8}}+({_HEX}) ")
 
 _GENERAL = {
     "RAX": "rax",
@@ -99,6 +102,8 @@ def parse_one(text: str, vcpu: int) -> RegisterSet:
         cr3=_hex(values, "CR3"),
         cr4=_hex(values, "CR4"),
         efer=_hex(values, "EFER"),
+        gs_base=_base(_GS_BASE, text, "\nGS ="),
+        gdt_base=_base(_GDT_BASE, text, "\nGDT="),
     )
 
 
@@ -127,6 +132,12 @@ def _laid_out(text: str) -> dict[str, str] | None:
 def _line(pattern: re.Pattern[str], text: str, start: str) -> re.Match[str] | None:
     at = text.find(start)
     return pattern.match(text, at + 1) if at >= 0 else None
+
+
+def _base(pattern: re.Pattern[str], text: str, start: str) -> int:
+    """The base address a segment or table line gives; 0 when the dump has no such line."""
+    found = _line(pattern, text, start)
+    return int(found.group(1), 16) if found else 0
 
 
 def _scanned(text: str) -> dict[str, str]:

@@ -4,10 +4,13 @@ capture replays with it.
 
 The oracles are the guest's own words on its console: examples/linux's init prints where
 /proc/kallsyms puts `asm_exc_divide_error` (nm says where the vmlinux links it) and the
-pid of each process it starts under the name it gives it."""
+pid of each process it starts under the name it gives it; and Linux's own fact that
+kthreadd, pid 2, is its first kernel thread (`kthreadd_task` points at it)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 import subprocess
 from collections.abc import Iterator
@@ -15,8 +18,16 @@ from pathlib import Path
 
 import pytest
 
+from qmpprof.guest.linux import LinuxAdapter
+from qmpprof.guest.registry import choose_adapter
+from qmpprof.memory import WindowMemory
+from qmpprof.model import MemoryWindow, Process
+from qmpprof.target.memory import open_memory
+from qmpprof.target.qmp import QmpSession
+from qmpprof.target.registers import parse_all
 from tests.integration.conftest import run_qmpprof
 from tests.linux_vm import LinuxGuest, kernel_abis, running_linux
+from tests.unit.conftest import build_elf
 
 HANDLER = "asm_exc_divide_error"
 
@@ -42,6 +53,13 @@ def guest_slide(guest: LinuxGuest) -> int:
     return int(said.group(1), 16) - int(linked.group(1), 16)
 
 
+def nm_address(kernel: Path, name: str) -> int:
+    nm = subprocess.run(["nm", str(kernel)], capture_output=True, text=True, check=True)
+    found = re.search(rf"^([0-9a-f]+) \w {name}$", nm.stdout, re.MULTILINE)
+    assert found is not None, name
+    return int(found.group(1), 16)
+
+
 def test_the_guest_runs_its_kernel_away_from_its_link_address(kaslr_guest: LinuxGuest) -> None:
     assert guest_slide(kaslr_guest) != 0, "KASLR did not move the kernel: nothing is tested"
 
@@ -63,6 +81,7 @@ def test_record_names_kernel_frames_and_report_replays_them(
     again = run_qmpprof("report", str(capture), "-o", str(replayed))
     assert again.returncode == 0, again.stderr
     assert replayed.read_text() == folded.read_text()
+    assert f"kernel: vmlinux, KASLR slide {guest_slide(kaslr_guest):#x}" in done.stdout
 
 
 def started(guest: LinuxGuest) -> dict[str, int]:
@@ -91,3 +110,57 @@ def test_dump_json_names_the_kernel_leaf_of_kernel_mode_vcpus(kaslr_guest: Linux
     target = ["--qmp-socket", kaslr_guest.qmp, "--kernel", str(kaslr_guest.kernel)]
     done = run_qmpprof("dump", "--json", *target)
     assert done.returncode == 0, done.stderr
+
+
+def test_dump_json_gives_each_process_its_tgid_and_thread(kaslr_guest: LinuxGuest) -> None:
+    """Every vCPU runs crunch or sysloop, a kernel thread or the idle task: a process
+    carries the pid init gave it as its process id and as its (only) thread's id."""
+    target = ["--qmp-socket", kaslr_guest.qmp, "--kernel", str(kaslr_guest.kernel)]
+    done = run_qmpprof("dump", "--json", *target)
+    assert done.returncode == 0, done.stderr
+    pids = started(kaslr_guest)
+    for vcpu in json.loads(done.stdout)["vcpus"]:
+        process = vcpu["process"]
+        assert process is not None
+        if process["pid"] is not None:
+            assert pids[process["name"]] == process["pid"] == process["tid"], process
+        else:
+            assert process["name"].startswith("["), process
+
+
+async def read_kthreadd(guest: LinuxGuest, adapter: LinuxAdapter, slide: int) -> Process:
+    """kthreadd's label, read from the running guest through *kthreadd_task."""
+    session = await QmpSession.connect(guest.qmp)
+    memory = await open_memory(session, "hmp")
+    try:
+        memory.set_registers(parse_all(await session.hmp("info registers -a")))
+        pointer = nm_address(guest.kernel, "kthreadd_task") + slide
+        task = int.from_bytes(await memory.read_window(0, pointer, 8), "little")
+        span = await memory.read_window(0, task, 2 * 4096)
+    finally:
+        await memory.close()
+        await session.close()
+    assert adapter.task is not None
+    return adapter.task.read(WindowMemory([MemoryWindow(task, span)]), task)
+
+
+def test_a_kernel_thread_is_labelled_with_its_name_in_brackets(kaslr_guest: LinuxGuest) -> None:
+    adapter = choose_adapter(kaslr_guest.kernel)
+    assert isinstance(adapter, LinuxAdapter)
+    kthreadd = asyncio.run(read_kthreadd(kaslr_guest, adapter, guest_slide(kaslr_guest)))
+    assert kthreadd == Process(None, "[kthreadd]", 2)
+
+
+def test_a_kernel_that_is_not_the_guests_is_a_one_line_error(
+    kaslr_guest: LinuxGuest, tmp_path: Path
+) -> None:
+    """A Linux-shaped ELF (linux_banner, init_task) that is not the guest's kernel:
+    no KASLR slide moves it onto the guest's divide-error handler."""
+    probe = build_elf("linux_probe.c", tmp_path, "-g", "-O0")
+    target = ["--qmp-socket", kaslr_guest.qmp, "--kernel", str(probe)]
+    for command in (["dump"], ["record", "-o", str(tmp_path / "never.folded")]):
+        done = run_qmpprof(*command, *target)
+        assert done.returncode == 1, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "does not match the guest" in lines[0], done.stderr
+        assert "asm_exc_divide_error" in lines[0]
