@@ -38,6 +38,8 @@ class Recovery(Enum):
     CFI = "cfi"
     #: From the frame-pointer chain (no CFI covered the frame below it).
     FRAME_POINTER = "fp"
+    #: The user code a vCPU at the kernel's system-call entry or exit came from (RCX).
+    SYSTEM_CALL = "syscall"
 
 
 class StopReason(Enum):

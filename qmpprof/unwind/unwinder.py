@@ -14,7 +14,15 @@ from typing import Protocol
 from qmpprof.defaults import DEFAULT_MAX_DEPTH
 from qmpprof.errors import MemoryFault, UnsupportedExpression
 from qmpprof.memory import MemoryReader
-from qmpprof.model import FrameAddress, FrameKind, Recovery, RegisterSet, StopReason, UnwoundStack
+from qmpprof.model import (
+    KERNEL_HALF,
+    FrameAddress,
+    FrameKind,
+    Recovery,
+    RegisterSet,
+    StopReason,
+    UnwoundStack,
+)
 from qmpprof.unwind.framepointer import frame_pointer_step, leaf_return_slot
 from qmpprof.unwind.rules import DWARF_REGISTER_NAMES, RBP, REGISTER_COUNT, RIP, RSP, UnwindRow
 
@@ -25,6 +33,9 @@ class Strategy(Enum):
     AUTO = "auto"  # ORC (a Linux kernel's), else DWARF CFI, else frame pointers
     CFI = "cfi"  # DWARF CFI only
     FP = "fp"
+
+
+_RCX = DWARF_REGISTER_NAMES.index("rcx")
 
 
 class CfiLookup(Protocol):
@@ -84,6 +95,8 @@ def _step(
     """One frame up: (caller's registers, whether its pc is exact, how it was found)."""
     pc = regs[RIP]
     assert pc is not None
+    if leaf and _at_system_call_edge(regs):
+        return _user_side_of_system_call(regs), True, Recovery.SYSTEM_CALL
     row = None
     if cfi is not None and strategy is not Strategy.FP:
         row = cfi.row_for(pc if exact else pc - 1)
@@ -92,6 +105,29 @@ def _step(
     if strategy is Strategy.CFI:
         raise _Stop(StopReason.NO_UNWIND_INFO)
     return _fp_step(regs, leaf, memory, code), False, Recovery.FRAME_POINTER
+
+
+def _at_system_call_edge(regs: list[int | None]) -> bool:
+    """Kernel code on a user stack: the first instructions of the system-call entry
+    (before it switches stacks) or the `sysret` back. Nowhere else does a kernel run on
+    a user-half stack, and there no unwind table helps: the kernel's own marks it as the
+    end of the stack."""
+    pc, rsp, rcx = regs[RIP], regs[RSP], regs[_RCX]
+    return (
+        pc is not None
+        and pc >= KERNEL_HALF
+        and rsp is not None
+        and rsp < KERNEL_HALF
+        and bool(rcx and rcx < KERNEL_HALF)
+    )
+
+
+def _user_side_of_system_call(regs: list[int | None]) -> list[int | None]:
+    """The user code that made the system call: `syscall` leaves the stack alone and
+    puts the address of the next instruction in RCX (which `sysret` returns to)."""
+    caller = list(regs)
+    caller[RIP] = regs[_RCX]
+    return caller
 
 
 def _cfi_step(row: UnwindRow, regs: list[int | None], memory: MemoryReader) -> list[int | None]:

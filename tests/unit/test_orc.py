@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from qmpprof.memory import WindowMemory
-from qmpprof.model import MemoryWindow
+from qmpprof.model import FrameKind, MemoryWindow, Recovery
 from qmpprof.unwind.orc import (
     ENTRY_SIZE,
     PT_REGS,
@@ -31,6 +31,7 @@ from qmpprof.unwind.orc import (
     entry_row,
 )
 from qmpprof.unwind.rules import RBP, REGISTER_COUNT, RIP, RSP
+from qmpprof.unwind.unwinder import unwind
 
 DATA = Path(__file__).parent / "data" / "orc"
 KERNELS = ("debian-6.1.0-50", "debian-6.12.95")
@@ -278,3 +279,16 @@ def test_hostile_tables_give_rows_or_none(offsets: bytes, entries: bytes, addres
         table = OrcTable(offsets, 0xFFFF_FFFF_8100_0000, entries, layout, 1 << 64)
         row = table.row_for(address)
         assert row is None or row.cfa is not None
+
+
+def test_a_vcpu_at_the_system_call_entry_unwinds_to_the_user_code_that_called() -> None:
+    """At the entry's first instructions (and at `sysret`) the kernel runs on the user's
+    stack, which `syscall` left alone, and RCX holds the address after the `syscall`
+    (Intel SDM, SYSCALL): the user's frame comes from there, the rest from its CFI."""
+    kernel_pc = 0xFFFF_FFFF_8180_0000
+    regs: list[int | None] = [None] * REGISTER_COUNT
+    regs[RIP], regs[RSP], regs[2], regs[RBP] = kernel_pc, USER_SP, USER_PC, 0
+    stack = unwind(regs, WindowMemory([MemoryWindow(USER_SP, bytes(64))]), None)
+    assert [f.address for f in stack.frames[:2]] == [kernel_pc, USER_PC]
+    assert stack.frames[1].kind is FrameKind.INSTRUCTION
+    assert stack.frames[1].how is Recovery.SYSTEM_CALL
