@@ -14,7 +14,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-demo: deps guest  ## boot the example guest, profile it 10 s, write demo/, print the hottest stacks
+demo: deps guest $(if $(filter linux,$(GUEST)),linux-guest)  ## boot the example guest (GUEST=linux: Debian's kernel), profile it 10 s, write demo/, print the hottest stacks
 	@PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/demo.sh
 
 test: deps guest linux-guest consumers  ## run every test (unit, consumers, integration against a real QEMU)

@@ -2,15 +2,36 @@
 # `make demo`: boot the example guest, profile it for 10 s, write demo/ (folded stacks and
 # an SVG flame graph), print the hottest stacks, stop the guest. Run from the repository
 # root with qmpprof on PATH. WORKLOAD=user profiles the guest's processes on two vCPUs.
+# GUEST=linux boots Debian's kernel (examples/linux, KASLR on, 2 vCPUs; KERNEL_ABI picks
+# the kernel) with its workloads instead, and profiles kernel and user space together.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DURATION=${DURATION:-10}
 ACCEL=${ACCEL:-auto}
 WORKLOAD=${WORKLOAD:-kernel}
+GUEST=${GUEST:-example}
 out=demo
 mkdir -p "$out"
 rm -f "$out/qmp.sock"
+
+if [[ $GUEST == linux ]]; then
+    echo "booting Debian's kernel with the Linux example guest's workloads (TCG)..."
+    declare -A linux
+    while IFS='=' read -r key value; do
+        linux[$key]=$value
+    done < <(examples/linux/boot.sh --qmp "$out/qmp.sock" --serial "$out/serial.log" --smp 2 \
+                 ${KERNEL_ABI:+--abi "$KERNEL_ABI"})
+    trap 'examples/linux/boot.sh stop "${linux[pid]}"' EXIT
+    echo "guest running (QEMU pid ${linux[pid]}, kernel ${linux[kernel]}); profiling for $DURATION s..."
+    qmpprof record --qmp-socket "${linux[qmp]}" --kernel "${linux[kernel]}" \
+        --user examples/linux/build/init --duration "$DURATION" \
+        -o "$out/profile.folded" -o "$out/flamegraph.svg"
+    echo
+    echo "open $out/flamegraph.svg in a browser; $out/profile.folded works with speedscope,"
+    echo "flamegraph.pl and inferno."
+    exit 0
+fi
 
 # Guest RAM in a shared file: qmpprof maps it and reads stacks without asking QEMU.
 ram=/dev/shm/qmpprof-demo-$$.ram
