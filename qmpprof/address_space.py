@@ -95,6 +95,14 @@ class AddressSpace:
                 return row
         return module.cfi.row_for(file_address)
 
+    def starts_function(self, address: int) -> bool:
+        """Whether a symbol of the module mapped there starts at `address`."""
+        found = self.symbols_at(address)
+        if found is None:
+            return False
+        located = found[0].lookup(address - found[1])
+        return located is not None and located[1] == 0
+
     def symbols_at(self, address: int) -> tuple[SymbolTable, int] | None:
         """The symbols of the module mapped at `address` and its bias (SymbolSource)."""
         mapping = self.mapping_at(address)

@@ -24,12 +24,14 @@ from qmpprof.guest.adapter import GenericAdapter, OsAdapter
 from qmpprof.guest.mode import mode_of
 from qmpprof.memory import WindowMemory
 from qmpprof.model import (
+    KERNEL_HALF,
     CapturedSample,
     FrameAddress,
     FrameKind,
     Mode,
     NoUserSymbols,
     RawSample,
+    Recovery,
     Sample,
     StopReason,
     Unsymbolized,
@@ -37,7 +39,8 @@ from qmpprof.model import (
 )
 from qmpprof.modules import Module
 from qmpprof.symbols.symbolizer import Symbolizer
-from qmpprof.unwind.unwinder import Strategy, dwarf_registers, unwind
+from qmpprof.unwind.rules import RIP
+from qmpprof.unwind.unwinder import FIRST_CODE_ADDRESS, Strategy, dwarf_registers, unwind
 
 
 @dataclass(frozen=True)
@@ -115,14 +118,40 @@ class Analyzer:
         """`raw`'s stack and process as far as its memory allows, and what it misses."""
         stack = self._unwind(raw)
         missing = []
+        try:
+            stack = self._with_user_side(raw, stack)
+        except MemoryFault as fault:
+            missing.append(fault.address)
         if stack.stop is StopReason.FAULT and stack.fault_address is not None:
-            missing.append(stack.fault_address)
+            missing.insert(0, stack.fault_address)
         try:
             process = self.adapter.process(raw.registers, WindowMemory(raw.windows))
         except MemoryFault as fault:
             process = None
             missing.append(fault.address)
         return Examined(CapturedSample(raw, stack, process), tuple(missing))
+
+    def _with_user_side(self, raw: RawSample, stack: UnwoundStack) -> UnwoundStack:
+        """A kernel stack that never got back to user space, continued from the user
+        registers the OS saved when the task entered the kernel (as perf does): the
+        kernel's own tables mark some entry and exit code as the end of the stack.
+        Raises MemoryFault."""
+        if not raw.windows or any(f.address < KERNEL_HALF for f in stack.frames):
+            return stack
+        user = self.adapter.user_registers(raw.registers, WindowMemory(raw.windows))
+        pc = user[RIP] if user is not None else None
+        if user is None or pc is None or not FIRST_CODE_ADDRESS <= pc < KERNEL_HALF:
+            return stack
+        space = self._space_and_symbolizer(raw)[0]
+        depth = self.max_depth - len(stack.frames)
+        if depth <= 0:
+            return stack
+        rest = unwind(user, WindowMemory(raw.windows), space, self.strategy, space.code, depth)
+        first = FrameAddress(
+            rest.frames[0].address, FrameKind.INSTRUCTION, Recovery.SAVED_USER_REGISTERS
+        )
+        frames = (*stack.frames, first, *rest.frames[1:])
+        return UnwoundStack(frames, rest.stop, rest.fault_address)
 
     def _unwind(self, raw: RawSample) -> UnwoundStack:
         regs = raw.registers

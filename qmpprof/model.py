@@ -40,6 +40,9 @@ class Recovery(Enum):
     FRAME_POINTER = "fp"
     #: The user code a vCPU at the kernel's system-call entry or exit came from (RCX).
     SYSTEM_CALL = "syscall"
+    #: The user registers the OS saved when the task entered the kernel (Linux's
+    #: pt_regs), where the kernel's own unwind could not get there.
+    SAVED_USER_REGISTERS = "saved-user-registers"
 
 
 class StopReason(Enum):
@@ -51,6 +54,8 @@ class StopReason(Enum):
     NO_UNWIND_INFO = "no-unwind-info"
     BAD_CFI = "unsupported-cfi"
     BAD_FRAME = "bad-frame-pointer"
+    #: A caller's pc where no code can be (the first page): the frame was misread.
+    BAD_PC = "bad-pc"
     MAX_DEPTH = "max-depth"
     NO_STACK = "no-stack"
 

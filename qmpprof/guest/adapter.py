@@ -15,6 +15,9 @@ from typing import Protocol
 from qmpprof.memory import MemoryReader
 from qmpprof.model import Process, RegisterSet
 
+#: A task's user-space registers, indexed by DWARF register number (None: unknown).
+UserRegisters = list[int | None] | None
+
 
 class OsAdapter(Protocol):
     name: str
@@ -28,6 +31,12 @@ class OsAdapter(Protocol):
         kernel addresses the adapter reads move with it."""
         ...
 
+    def user_registers(self, registers: RegisterSet, memory: MemoryReader) -> UserRegisters:
+        """The registers the running task had in user space when it last entered the
+        kernel (DWARF-numbered), for a kernel sample whose unwind did not get there; None
+        for a kernel thread, or when the OS keeps no such record. Raises MemoryFault."""
+        ...
+
 
 class GenericAdapter:
     """Knows no OS: samples are labelled by address space (CR3) only."""
@@ -39,6 +48,9 @@ class GenericAdapter:
 
     def relocate(self, bias: int) -> None:
         pass
+
+    def user_registers(self, registers: RegisterSet, memory: MemoryReader) -> UserRegisters:
+        return None
 
 
 #: Longest process name read from a guest.

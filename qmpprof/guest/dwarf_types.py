@@ -141,16 +141,47 @@ def _after(die: Any, end: int, budget: _Budget) -> int:
     return int(offset)
 
 
-def _members(struct: Any, wanted: frozenset[str] | None) -> dict[str, Member]:
-    members = {}
+#: How deep anonymous structs and unions are looked into (6.12's pcpu_hot: two).
+MAX_ANONYMOUS_DEPTH = 3
+_AGGREGATES = ("DW_TAG_structure_type", "DW_TAG_union_type")
+
+
+def _members(
+    struct: Any, wanted: frozenset[str] | None, base: int = 0, depth: int = 0
+) -> dict[str, Member]:
+    """The struct's members by name, those of its anonymous structs and unions too (C
+    reaches them by name, `pcpu_hot.top_of_stack`), at offsets from the outer struct."""
+    members: dict[str, Member] = {}
     for child in _children(struct):
-        location = child.attributes.get("DW_AT_data_member_location")
-        name = _name(child) or ""
-        if wanted is not None and name not in wanted:
+        offset = _member_offset(child, in_union=struct.tag == "DW_TAG_union_type")
+        if child.tag != "DW_TAG_member" or offset is None:
             continue
-        if child.tag == "DW_TAG_member" and location is not None and _is_count(location.value):
-            members[name] = Member(location.value, _byte_size(child))
+        name = _name(child)
+        if name is None and depth < MAX_ANONYMOUS_DEPTH:
+            inner = _anonymous_type(child)
+            if inner is not None:
+                nested = _members(inner, wanted, base + offset, depth + 1)
+                members |= {key: value for key, value in nested.items() if key not in members}
+            continue
+        if name is not None and (wanted is None or name in wanted):
+            members[name] = Member(base + offset, _byte_size(child))
     return members
+
+
+def _member_offset(member: Any, in_union: bool) -> int | None:
+    """A member's offset; a union's members may leave out their (zero) offset."""
+    location = member.attributes.get("DW_AT_data_member_location")
+    if location is None:
+        return 0 if in_union else None
+    return int(location.value) if _is_count(location.value) else None
+
+
+def _anonymous_type(member: Any) -> Any:
+    """The struct or union an unnamed member is, or None."""
+    if "DW_AT_type" not in member.attributes:
+        return None
+    type_die = member.get_DIE_from_attribute("DW_AT_type")
+    return type_die if type_die.tag in _AGGREGATES else None
 
 
 def _children(die: Any) -> Iterator[Any]:

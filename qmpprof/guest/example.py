@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qmpprof.guest.adapter import KernelFacts, task_fields
+from qmpprof.guest.adapter import KernelFacts, UserRegisters, task_fields
 from qmpprof.guest.dwarf_types import KernelLayout, read_layout
 from qmpprof.memory import MemoryReader
 from qmpprof.model import KERNEL_ONLY, Process, RegisterSet
@@ -54,3 +54,7 @@ class ExampleGuestAdapter:
 
     def relocate(self, bias: int) -> None:
         self.bias = bias
+
+    def user_registers(self, registers: RegisterSet, memory: MemoryReader) -> UserRegisters:
+        """The example guest's kernel saves no user registers where this could find them."""
+        return None

@@ -27,10 +27,12 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from qmpprof.guest.adapter import NAME_LIMIT, KernelFacts, task_name
+from qmpprof.guest.adapter import NAME_LIMIT, KernelFacts, UserRegisters, task_name
 from qmpprof.guest.dwarf_types import Member, read_layout
 from qmpprof.memory import MemoryReader
 from qmpprof.model import IDLE_CONTEXT, Process, RegisterSet
+from qmpprof.unwind.orc import PT_REGS
+from qmpprof.unwind.rules import REGISTER_COUNT, RIP
 
 #: Linux's NR_CPUS ceiling on x86-64: a vCPU index beyond it is not a Linux CPU.
 MAX_CPUS = 8192
@@ -49,6 +51,9 @@ CPUNODE_OFFSET = 15 * 8
 _CPU_MASK = 0xFFF
 #: A present, DPL 3, code-or-data descriptor: what Linux writes there.
 _USER_SEGMENT = 0xF0
+#: sizeof(struct pt_regs) on x86-64, and where it keeps CS (the privilege level's home).
+PT_REGS_SIZE = 21 * 8
+_PT_CS = PT_REGS[RIP] + 8
 _I32 = struct.Struct("<i")
 _U32 = struct.Struct("<I")
 
@@ -94,7 +99,7 @@ class TaskLayout:
 
 class LinuxAdapter:
     name = "linux"
-    probe_symbols = _MARKERS | {"__per_cpu_offset", *_CURRENT}
+    probe_symbols = _MARKERS | {"__per_cpu_offset", "cpu_current_top_of_stack", *_CURRENT}
 
     def __init__(
         self,
@@ -102,10 +107,13 @@ class LinuxAdapter:
         current_task: int | None = None,
         task: TaskLayout | None = None,
         banner: int | None = None,
+        top_of_stack: int | None = None,
     ) -> None:
         self.per_cpu_offsets = per_cpu_offsets
         self.current_task = current_task
         self.task = task
+        #: The per-CPU variable holding the top of the running task's kernel stack.
+        self.top_of_stack = top_of_stack
         #: linux_banner's link address: what record/relocation.py checks a slide with.
         self.banner = banner
         self.bias = 0
@@ -123,11 +131,13 @@ class LinuxAdapter:
         banner = facts.symbols.get("linux_banner")
         if offsets is None or current is None:
             return cls(banner=banner)
-        layout = read_layout(facts.path, set(), {"task_struct"}, TASK_MEMBERS)
+        structs = {"task_struct", "pcpu_hot"}
+        layout = read_layout(facts.path, set(), structs, (*TASK_MEMBERS, "top_of_stack"))
         task = TaskLayout.from_members(layout.structs.get("task_struct", {}))
         if task is None:
             return cls(banner=banner)
-        return cls(offsets, current, task, banner)
+        top = _top_of_stack(facts, layout.structs.get("pcpu_hot", {}))
+        return cls(offsets, current, task, banner, top)
 
     def relocate(self, bias: int) -> None:
         self.bias = bias
@@ -139,10 +149,40 @@ class LinuxAdapter:
             return None
         if not 0 <= registers.vcpu < MAX_CPUS:
             return None
-        areas = self.per_cpu_offsets + self.bias
-        area = per_cpu_area(areas, linux_cpu(areas, registers, memory), memory)
-        task = memory.read_u64((area + self.current_task) % (1 << 64))
+        task = memory.read_u64((self._cpu_area(registers, memory) + self.current_task) % (1 << 64))
         return None if task == 0 else self.task.read(memory, task)
+
+    def _cpu_area(self, registers: RegisterSet, memory: MemoryReader) -> int:
+        assert self.per_cpu_offsets is not None
+        areas = self.per_cpu_offsets + self.bias
+        return per_cpu_area(areas, linux_cpu(areas, registers, memory), memory)
+
+    def user_registers(self, registers: RegisterSet, memory: MemoryReader) -> UserRegisters:
+        """The `struct pt_regs` at the top of the running task's kernel stack, where every
+        entry from user space (system call, interrupt, exception) saves the user's
+        registers; None when they are not a user's (a kernel thread, the idle task)."""
+        if self.top_of_stack is None or self.per_cpu_offsets is None:
+            return None
+        if not 0 <= registers.vcpu < MAX_CPUS:
+            return None
+        top = memory.read_u64((self._cpu_area(registers, memory) + self.top_of_stack) % (1 << 64))
+        saved = memory.read((top - PT_REGS_SIZE) % (1 << 64), PT_REGS_SIZE)
+        if int.from_bytes(saved[_PT_CS : _PT_CS + 8], "little") & 3 != 3:
+            return None
+        values: list[int | None] = [None] * REGISTER_COUNT
+        for number, offset in PT_REGS.items():
+            values[number] = int.from_bytes(saved[offset : offset + 8], "little")
+        return values
+
+
+def _top_of_stack(facts: KernelFacts, pcpu_hot: Mapping[str, Member]) -> int | None:
+    """The per-CPU offset of the running task's stack top: `cpu_current_top_of_stack`
+    (6.1), or `pcpu_hot.top_of_stack` (from 6.2)."""
+    if "cpu_current_top_of_stack" in facts.symbols:
+        return facts.symbols["cpu_current_top_of_stack"]
+    if "pcpu_hot" in facts.symbols and "top_of_stack" in pcpu_hot:
+        return facts.symbols["pcpu_hot"] + pcpu_hot["top_of_stack"].offset
+    return None
 
 
 def per_cpu_area(areas: int, cpu: int, memory: MemoryReader) -> int:

@@ -110,6 +110,10 @@ class CfiTable:
         row = self._cache[address] = self._find(address)
         return row
 
+    def starts_function(self, address: int) -> bool:
+        """A table alone knows no symbols (unwind.unwinder.CfiLookup)."""
+        return False
+
     def _find(self, address: int) -> r.UnwindRow | None:
         index = bisect.bisect_right(self._starts, address) - 1
         if index < 0 or address >= self._fdes[index].end:

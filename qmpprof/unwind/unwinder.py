@@ -36,10 +36,17 @@ class Strategy(Enum):
 
 
 _RCX = DWARF_REGISTER_NAMES.index("rcx")
+#: No code runs in the first page (no OS maps it): a pc below is a misread frame.
+FIRST_CODE_ADDRESS = 0x1000
 
 
 class CfiLookup(Protocol):
     def row_for(self, address: int) -> UnwindRow | None: ...
+
+    def starts_function(self, address: int) -> bool:
+        """Whether a function's symbol starts at `address` (its return address is then
+        at RSP, as GDB assumes where no table describes the code)."""
+        ...
 
 
 class _Stop(Exception):
@@ -73,6 +80,8 @@ def unwind(
             caller_pc = regs[RIP]
             if not caller_pc:
                 return UnwoundStack(tuple(frames), StopReason.END_OF_STACK)
+            if caller_pc < FIRST_CODE_ADDRESS:
+                return UnwoundStack(tuple(frames), StopReason.BAD_PC)
             if (caller_pc, regs[RSP]) in seen:
                 return UnwoundStack(tuple(frames), StopReason.NO_PROGRESS)
             seen.add((caller_pc, regs[RSP]))
@@ -104,7 +113,8 @@ def _step(
         return _cfi_step(row, regs, memory), row.signal_frame, Recovery.CFI
     if strategy is Strategy.CFI:
         raise _Stop(StopReason.NO_UNWIND_INFO)
-    return _fp_step(regs, leaf, memory, code), False, Recovery.FRAME_POINTER
+    at_entry = leaf and cfi is not None and cfi.starts_function(pc)
+    return _fp_step(regs, leaf, memory, code, at_entry), False, Recovery.FRAME_POINTER
 
 
 def _at_system_call_edge(regs: list[int | None]) -> bool:
@@ -142,12 +152,18 @@ def _cfi_step(row: UnwindRow, regs: list[int | None], memory: MemoryReader) -> l
 
 
 def _fp_step(
-    regs: list[int | None], leaf: bool, memory: MemoryReader, code: MemoryReader | None
+    regs: list[int | None],
+    leaf: bool,
+    memory: MemoryReader,
+    code: MemoryReader | None,
+    at_entry: bool = False,
 ) -> list[int | None]:
     rsp, rbp = regs[RSP], regs[RBP]
     if rsp is None or rbp is None:
         raise _Stop(StopReason.NO_UNWIND_INFO)
     slot = leaf_return_slot(code, regs[RIP] or 0, rsp) if leaf and code is not None else None
+    if at_entry:
+        slot = rsp
     if slot is None and 0 < rbp < rsp:
         raise _Stop(StopReason.NO_PROGRESS)
     try:
