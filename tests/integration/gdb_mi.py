@@ -109,6 +109,20 @@ class GdbMi:
         done = next(line for line in output if line.startswith("^done"))
         return done.split('value="', 1)[1].rsplit('"', 1)[0]
 
+    def tail_call_levels(self, thread: int) -> set[int]:
+        """The levels of `thread`'s backtrace that GDB made up from DWARF call-site
+        information for a function that jumped to its callee (a tail call): no return
+        address on the stack says it was there."""
+        self.command(f"-thread-select {thread}")
+        frames = "accumulate(range(1000), lambda f, _: f and f.older(), initial=gdb.newest_frame())"
+        output = self.console(
+            f"python from itertools import accumulate; print('tailcalls', [i for i, f in "
+            f"enumerate({frames}) if f and f.type() == gdb.TAILCALL_FRAME])"
+        )
+        text = "".join(line[2:-1] for line in output if line.startswith("~"))
+        found = re.search(r"tailcalls \[([0-9, ]*)\]", text)
+        return {int(n) for n in found.group(1).split(",") if n.strip()} if found else set()
+
     def registers(self, thread: int) -> dict[str, str]:
         """Every register of `thread` that has a name, as GDB prints it in hex."""
         names = _REGISTER_NAME.findall(

@@ -181,7 +181,7 @@ class LinuxOracle:
         user_mode = self.number("$cs", thread) & 3 == 3
         if user_mode:
             return Observed(USER, [], True, self.user_frames(thread, task.comm), task.comm)
-        kernel, complete = trusted_kernel_frames(self.gdb.frames(thread))
+        kernel, complete = trusted_kernel_frames(self.frames(thread))
         if task.pid == 0:
             return Observed(IDLE, kernel, complete, [], task.comm)
         if task.flags & PF_KTHREAD:
@@ -192,9 +192,16 @@ class LinuxOracle:
     def user_frames(self, thread: int, comm: str) -> list[GdbFrame]:
         program = BUILD / comm
         if comm not in PROGRAMS or not program.exists():
-            return self.gdb.frames(thread)
+            return self.frames(thread)
         with self.gdb.symbols_from(program):
-            return self.gdb.frames(thread)
+            return self.frames(thread)
+
+    def frames(self, thread: int) -> list[GdbFrame]:
+        """GDB's backtrace without the frames it makes up for tail calls (hrtimer_interrupt
+        calls tick_program_event, which jumps to clockevents_program_event: GDB lists
+        tick_program_event at the address after that jump; no unwinder can see it)."""
+        made_up = self.gdb.tail_call_levels(thread)
+        return [f for f in self.gdb.frames(thread) if f.level not in made_up]
 
     def frames_from_saved_user_registers(self, thread: int, task: Task) -> list[GdbFrame]:
         """GDB's backtrace from the pt_regs at the top of the task's kernel stack (where
