@@ -1,61 +1,41 @@
 /* The Linux example guest's init (PID 1), static, in the initramfs.
  *
  * Says on the console where the kernel put its divide-error handler (the tests'
- * oracle for qmpprof's KASLR slide, from /proc/kallsyms), starts a few processes with
- * names qmpprof can show, says it is ready, then reaps children forever (PID 1 must
- * not exit):
- *   crunch  - CPU-bound in user space: main -> crunch_loop -> mix (frame pointers kept)
- *   sysloop - system-call heavy: getppid() and a read of /dev/zero in a loop
- *   sleeper - mostly asleep (nanosleep), so some vCPU time is idle
+ * oracle for qmpprof's KASLR slide, from /proc/kallsyms), starts the workloads, says
+ * it is ready, then reaps children forever (PID 1 must not exit).
+ *
+ * Each workload is its own static non-PIE program in /bin (workloads/NAME.c, built by the
+ * Makefile), so `qmpprof --user build/NAME` and GDB's add-symbol-file find its code at
+ * its link address, and its comm is its file name (exec takes it from the path):
+ *   crunch      CPU-bound, frame pointers:       main -> crunch_loop -> mix
+ *   crunchnofp  the same, -O2 -fomit-frame-pointer (only CFI unwinds it)
+ *   sysloop     system calls: main -> sysloop_loop -> ask_parent -> getppid,
+ *               -> read_zero -> read (/dev/zero), -> write_null -> write (/dev/null)
+ *   pinned      two threads pinned to CPUs 0 and 1:  main -> spin -> churn,
+ *               start_thread -> second_thread -> spin -> churn
+ *   sleeper     mostly asleep: main -> doze -> nanosleep (20 ms)
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/mount.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #define READY_LINE "qmpprof-linux: ready\n"
 
-static volatile unsigned long sink;
+static const char *const WORKLOADS[] = {"crunch", "crunchnofp", "sysloop", "pinned", "sleeper"};
 
-__attribute__((noinline)) static unsigned long mix(unsigned long x) {
-    for (int i = 0; i < 1000; i++)
-        x = x * 6364136223846793005UL + 1442695040888963407UL;
-    return x;
-}
-
-__attribute__((noinline)) static void crunch_loop(void) {
-    unsigned long x = 1;
-    for (;;)
-        sink = x = mix(x);
-}
-
-static void sysloop(void) {
-    char buffer[4096];
-    int zero = open("/dev/zero", O_RDONLY);
-    for (;;) {
-        sink += (unsigned long)getppid();
-        if (zero >= 0)
-            sink += (unsigned long)read(zero, buffer, sizeof buffer);
-    }
-}
-
-static void sleeper(void) {
-    struct timespec pause = {0, 20 * 1000 * 1000};
-    for (;;)
-        nanosleep(&pause, NULL);
-}
-
-static void start(const char *name, void (*body)(void)) {
+static void start(const char *name) {
+    char path[64];
+    snprintf(path, sizeof path, "/bin/%s", name);
     pid_t pid = fork();
     if (pid == 0) {
-        prctl(PR_SET_NAME, name, 0, 0, 0);
-        body();
-        _exit(0);
+        char *const argv[] = {path, NULL}, *const envp[] = {NULL};
+        execve(path, argv, envp);
+        dprintf(2, "init: cannot run %s\n", path);
+        _exit(127);
     }
     if (pid < 0)
         dprintf(2, "init: fork for %s failed\n", name);
@@ -90,9 +70,8 @@ static void say_divide_error_handler(void) {
 
 int main(void) {
     say_divide_error_handler();
-    start("crunch", crunch_loop);
-    start("sysloop", sysloop);
-    start("sleeper", sleeper);
+    for (size_t i = 0; i < sizeof WORKLOADS / sizeof WORKLOADS[0]; i++)
+        start(WORKLOADS[i]);
     say(READY_LINE);
     for (;;)
         if (wait(NULL) < 0)

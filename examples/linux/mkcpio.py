@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Write an initramfs (newc cpio) holding /init, /dev/console, /dev/zero and /proc, without root and
-without the cpio tool: the archive says the owner and the device numbers itself.
+"""Write an initramfs (newc cpio) holding /init, the workloads in /bin, /dev/console,
+/dev/zero, /dev/null and /proc, without root and without the cpio tool: the archive says
+the owner and the device numbers itself.
 
-    mkcpio.py INIT OUTPUT
+    mkcpio.py OUTPUT INIT [PROGRAM...]
 """
 
 import sys
@@ -11,7 +12,9 @@ from pathlib import Path
 TRAILER = "TRAILER!!!"
 
 
-def entry(number: int, name: str, mode: int, data: bytes = b"", rdev: tuple[int, int] = (0, 0)) -> bytes:
+def entry(
+    number: int, name: str, mode: int, data: bytes = b"", rdev: tuple[int, int] = (0, 0)
+) -> bytes:
     """One newc record: a 110-byte ASCII header, the name, the data, each padded to 4."""
     encoded = name.encode() + b"\0"
     fields = [number, mode, 0, 0, 1, 0, len(data), 0, 0, rdev[0], rdev[1], len(encoded), 0]
@@ -21,24 +24,29 @@ def entry(number: int, name: str, mode: int, data: bytes = b"", rdev: tuple[int,
     return record + b"\0" * (-len(record) % 4)
 
 
-def archive(init: bytes) -> bytes:
+def archive(init: bytes, programs: dict[str, bytes]) -> bytes:
+    """The archive: `programs` go to /bin under their names."""
     records = [
-        entry(1, "dev", 0o040755),
-        entry(2, "dev/console", 0o020600, rdev=(5, 1)),
-        entry(3, "dev/zero", 0o020666, rdev=(1, 5)),
-        entry(4, "init", 0o100755, init),
-        entry(5, "proc", 0o040555),
-        entry(6, TRAILER, 0),
+        ("dev", 0o040755, b"", (0, 0)),
+        ("dev/console", 0o020600, b"", (5, 1)),
+        ("dev/null", 0o020666, b"", (1, 3)),
+        ("dev/zero", 0o020666, b"", (1, 5)),
+        ("init", 0o100755, init, (0, 0)),
+        ("proc", 0o040555, b"", (0, 0)),
+        ("bin", 0o040755, b"", (0, 0)),
+        *((f"bin/{name}", 0o100755, data, (0, 0)) for name, data in sorted(programs.items())),
     ]
-    return b"".join(records)
+    numbered = [entry(n, *record) for n, record in enumerate(records, 1)]
+    return b"".join(numbered) + entry(len(records) + 1, TRAILER, 0)
 
 
 def main() -> None:
-    if len(sys.argv) != 3:
+    if len(sys.argv) < 3:
         sys.exit(__doc__.strip().splitlines()[-1].strip())
-    init, output = Path(sys.argv[1]), Path(sys.argv[2])
+    output, init = Path(sys.argv[1]), Path(sys.argv[2])
+    programs = {Path(name).name: Path(name).read_bytes() for name in sys.argv[3:]}
     temporary = output.with_suffix(".tmp")
-    temporary.write_bytes(archive(init.read_bytes()))
+    temporary.write_bytes(archive(init.read_bytes(), programs))
     temporary.replace(output)
 
 

@@ -6,10 +6,18 @@ import queue
 import re
 import subprocess
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 _FRAME = re.compile(r'frame=\{level="(\d+)",addr="(0x[0-9a-f]+)"(?:,func="([^"]*)")?')
+_REGISTER_NAME = re.compile(r'"([^"]*)"')
+_REGISTER_VALUE = re.compile(r'\{number="(\d+)",value="((?:[^"\\]|\\.)*)"\}')
+#: GDB calls an interrupt frame this instead of naming its function.
+SIGNAL_FRAME = "<signal handler called>"
+#: (address, function) per frame, leaf first, as qmpprof's JSON gives them.
+Frames = list[tuple[int, str | None]]
 
 
 @dataclass(frozen=True)
@@ -17,6 +25,18 @@ class GdbFrame:
     level: int
     address: int
     function: str | None
+
+
+def agree(gdb: list[GdbFrame], ours: Frames) -> bool:
+    """Same addresses frame for frame, and the same function wherever GDB names one
+    (GDB calls an interrupt frame '<signal handler called>' instead of its function)."""
+    if [f.address for f in gdb] != [address for address, _ in ours]:
+        return False
+    return all(
+        f.function == name
+        for f, (_, name) in zip(gdb, ours, strict=True)
+        if f.function != SIGNAL_FRAME
+    )
 
 
 class GdbMi:
@@ -88,6 +108,45 @@ class GdbMi:
             return None
         done = next(line for line in output if line.startswith("^done"))
         return done.split('value="', 1)[1].rsplit('"', 1)[0]
+
+    def tail_call_levels(self, thread: int) -> set[int]:
+        """The levels of `thread`'s backtrace that GDB made up from DWARF call-site
+        information for a function that jumped to its callee (a tail call): no return
+        address on the stack says it was there."""
+        self.command(f"-thread-select {thread}")
+        frames = "accumulate(range(1000), lambda f, _: f and f.older(), initial=gdb.newest_frame())"
+        output = self.console(
+            f"python from itertools import accumulate; print('tailcalls', [i for i, f in "
+            f"enumerate({frames}) if f and f.type() == gdb.TAILCALL_FRAME])"
+        )
+        text = "".join(line[2:-1] for line in output if line.startswith("~"))
+        found = re.search(r"tailcalls \[([0-9, ]*)\]", text)
+        return {int(n) for n in found.group(1).split(",") if n.strip()} if found else set()
+
+    def registers(self, thread: int) -> dict[str, str]:
+        """Every register of `thread` that has a name, as GDB prints it in hex."""
+        names = _REGISTER_NAME.findall(
+            next(line for line in self.command("-data-list-register-names") if "^done" in line)
+        )
+        output = self.command(f"-data-list-register-values --thread {thread} x")
+        done = next(line for line in output if line.startswith("^done"))
+        return {
+            names[int(number)]: value
+            for number, value in _REGISTER_VALUE.findall(done)
+            if int(number) < len(names) and names[int(number)]
+        }
+
+    def set_register(self, thread: int, name: str, value: int) -> None:
+        self.command(f"-data-evaluate-expression --thread {thread} ${name}={value:#x}")
+
+    @contextmanager
+    def symbols_from(self, elf: Path) -> Iterator[None]:
+        """`elf`'s symbols (at its link addresses) loaded for the duration of the block."""
+        self.console(f"add-symbol-file {elf}")
+        try:
+            yield
+        finally:
+            self.console(f"remove-symbol-file {elf}")
 
     def detach(self) -> None:
         """Let the VM run without GDB: while GDB is attached to a running VM, qmpprof's

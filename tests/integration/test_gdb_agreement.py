@@ -24,12 +24,10 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import Guest, dump_json, running_guest
-from tests.integration.gdb_mi import GdbFrame, GdbMi
+from tests.integration.gdb_mi import SIGNAL_FRAME, Frames, GdbFrame, GdbMi, agree
 from tests.seeds import seeded
 
 REQUIRED_AGREEMENT = 0.99
-SIGNAL_FRAME = "<signal handler called>"
-Frames = list[tuple[int, str | None]]
 
 
 @dataclass
@@ -64,18 +62,6 @@ class Tally:
             lines.append(f"  gdb:     {[(hex(a), n) for a, n in gdb]}")
             lines.append(f"  qmpprof: {[(hex(a), n) for a, n in ours]}")
         return "\n".join(lines)
-
-
-def agree(gdb: list[GdbFrame], ours: Frames) -> bool:
-    """Same addresses frame for frame, and the same function wherever GDB names one
-    (GDB calls an interrupt frame '<signal handler called>' instead of its function)."""
-    if [f.address for f in gdb] != [address for address, _ in ours]:
-        return False
-    return all(
-        f.function == name
-        for f, (_, name) in zip(gdb, ours, strict=True)
-        if f.function != SIGNAL_FRAME
-    )
 
 
 @contextmanager
