@@ -24,8 +24,14 @@ if [[ $GUEST == linux ]]; then
                  ${KERNEL_ABI:+--abi "$KERNEL_ABI"})
     trap 'examples/linux/boot.sh stop "${linux[pid]}"' EXIT
     echo "guest running (QEMU pid ${linux[pid]}, kernel ${linux[kernel]}); profiling for $DURATION s..."
+    users=()
+    for workload in examples/linux/workloads/*.c; do
+        name=$(basename "$workload" .c)
+        users+=(--user "examples/linux/build/$name")
+        [[ $name == crunch ]] && users+=(--user examples/linux/build/crunchnofp)
+    done
     qmpprof record --qmp-socket "${linux[qmp]}" --kernel "${linux[kernel]}" \
-        --user examples/linux/build/init --duration "$DURATION" \
+        "${users[@]}" --duration "$DURATION" \
         -o "$out/profile.folded" -o "$out/flamegraph.svg"
     echo
     echo "open $out/flamegraph.svg in a browser; $out/profile.folded works with speedscope,"

@@ -27,6 +27,8 @@ class Symbol:
     name: str
     address: int
     size: int
+    #: An assembly label (no size in the ELF): its size is the rest of its section.
+    label: bool = False
 
 
 class SymbolTable:
@@ -41,6 +43,7 @@ class SymbolTable:
         self.name = name
         self._symbols = sorted(_dedupe(symbols), key=lambda s: s.address)
         self._starts = [s.address for s in self._symbols]
+        self._enclosing = _enclosing_functions(self._symbols)
 
     def __len__(self) -> int:
         return len(self._symbols)
@@ -51,6 +54,9 @@ class SymbolTable:
         if index < 0:
             return None
         symbol = self._symbols[index]
+        enclosing = self._enclosing.get(index)
+        if enclosing is not None and address < enclosing.address + enclosing.size:
+            symbol = enclosing  # a label inside a function names a spot, not a function
         offset = address - symbol.address
         if offset >= symbol.size:
             return None
@@ -99,7 +105,8 @@ def _code_symbols(elf: ELFFile) -> list[Symbol]:
     for name_offset, info, section, value, size in entries:
         is_code = info & 0xF in _CODE_TYPES and section in section_ends
         if is_code and (name := entries.name(name_offset)):
-            symbols.append(Symbol(name, value, size or max(section_ends[section] - value, 0)))
+            whole = size or max(section_ends[section] - value, 0)
+            symbols.append(Symbol(name, value, whole, label=not size))
     return symbols
 
 
@@ -169,6 +176,19 @@ def _strings(table: SymbolTableSection) -> bytes:
     """The table's string table; none when it stores no bytes (NOBITS reads as zeros)."""
     strings = table.stringtable
     return b"" if strings["sh_type"] == "SHT_NOBITS" else bytes(strings.data())
+
+
+def _enclosing_functions(symbols: list[Symbol]) -> dict[int, Symbol]:
+    """For each label (by index) that lies inside a sized symbol before it, that symbol:
+    GDB names `entry_SYSCALL_64_after_hwframe`'s code `entry_SYSCALL_64`, as perf does."""
+    enclosing: dict[int, Symbol] = {}
+    current: Symbol | None = None
+    for index, symbol in enumerate(symbols):
+        if not symbol.label:
+            current = symbol
+        elif current is not None and symbol.address < current.address + current.size:
+            enclosing[index] = current
+    return enclosing
 
 
 def _dedupe(symbols: list[Symbol]) -> list[Symbol]:

@@ -215,3 +215,35 @@ def test_the_collector_is_paused_while_loading_and_left_as_it_was() -> None:
             assert not gc.isenabled()
         assert gc.isenabled() == enabled
     gc.enable()
+
+
+def test_a_label_inside_a_function_is_named_as_gdb_names_it(tmp_path: Path) -> None:
+    """GDB prefers the sized symbol that contains an address to a zero-size label after
+    it (its minimal-symbol lookup), and so does perf: the kernel's
+    entry_SYSCALL_64_after_hwframe is entry_SYSCALL_64's code. A label inside no sized
+    symbol keeps its name."""
+    elf = build_elf("labels.S", tmp_path, "-nostdlib", "-static", "-no-pie")
+    table = load_symbols(elf)
+    inner = int(_nm(elf)["inner_label"], 16)
+    lone = int(_nm(elf)["lone_label"], 16)
+    for address in (inner, inner + 1, lone):
+        found = table.lookup(address)
+        assert found is not None
+        ours = f"{found[0].name} + {found[1]}" if found[1] else found[0].name
+        assert ours == _gdb_info_symbol(elf, address)
+
+
+def _nm(elf: Path) -> dict[str, str]:
+    lines = subprocess.run(["nm", str(elf)], capture_output=True, text=True, check=True).stdout
+    return {parts[2]: parts[0] for parts in (line.split() for line in lines.splitlines())}
+
+
+def _gdb_info_symbol(elf: Path, address: int) -> str:
+    """`info symbol` in GDB: "NAME + OFFSET in section .text", or "NAME in section"."""
+    done = subprocess.run(
+        ["gdb", "-nx", "-batch", "-ex", f"info symbol {address:#x}", str(elf)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.split(" in section")[0].strip()
