@@ -10,6 +10,10 @@ sample_cost.py does on the example guest:
                examples/linux/build/init) and the KASLR slide found as connect.py finds
                it; memory `direct`, through QEMU's /proc/PID/mem (no RAM file here)
   analysis_ms  what is left of one tick's analysis after capture (symbols)
+  *_cpu_ms     this process's CPU time per tick of the floor and of the stop path
+               (analysis included), median of the rounds: on a loaded host the wall
+               times follow QEMU's scheduling, this follows only our own work
+  connect_cpu_ms  the CPU time of opening the connection as `record` does (once a run)
 and, over every captured sample, the memory windows read per sample and the share of
 kernel-mode samples whose stack reaches a user-space frame. --profile N prints the N
 functions of the stop path that take the most time (cProfile, one extra round, not
@@ -25,7 +29,9 @@ import json
 import pstats
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -42,17 +48,40 @@ INIT = ROOT / "examples" / "linux" / "build" / "init"
 Kept = list[tuple[CapturedSample, Sample]]
 
 
+class StopRound(NamedTuple):
+    """One round of stop-mode ticks: wall times per tick, this process's CPU seconds."""
+
+    path: list[float]
+    analysis: list[float]
+    cpu_per_tick: float
+    connect_cpu: float
+
+
 async def stop_ms(
-    options: TargetOptions, analyzer: Analyzer, count: int, kept: Kept
-) -> tuple[list[float], list[float]]:
-    """`count` stop-mode ticks over one connection as `qmpprof record` opens it."""
+    options: TargetOptions,
+    analyzer: Analyzer,
+    count: int,
+    kept: Kept,
+    profiler: cProfile.Profile | None = None,
+) -> StopRound:
+    """`count` stop-mode ticks over one connection as `qmpprof record` opens it; the
+    ticks alone run under `profiler` if given."""
+    started = time.process_time()
     async with connected(options, analyzer) as (session, _, capturer):
-        return await ticks_ms(session, analyzer, capturer, count, "stop", kept)
+        connect_cpu = time.process_time() - started
+        started = time.process_time()
+        if profiler is not None:
+            profiler.enable()
+        path, analysis = await ticks_ms(session, analyzer, capturer, count, "stop", kept)
+        if profiler is not None:
+            profiler.disable()
+        return StopRound(path, analysis, (time.process_time() - started) / count, connect_cpu)
 
 
 def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], Kept, str]:
     """The floor's and the stop path's times, taking turns; the samples; the ABI."""
     times: dict[str, list[float]] = {"floor": [], "stop": [], "analysis": []}
+    times |= {"floor_cpu": [], "stop_cpu": [], "connect_cpu": []}
     kept: Kept = []
     with (
         tempfile.TemporaryDirectory(prefix="qmpprof-bench-") as directory,
@@ -62,10 +91,14 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], Kept, str
         analyzer = build_analyzer(options)
         print(f"kernel {guest.abi}, OS adapter {analyzer.adapter.name}", flush=True)
         for _ in range(args.rounds):
+            started = time.process_time()
             times["floor"] += floor_ms(guest.qmp, args.samples, "stop")
-            path, analysis = asyncio.run(stop_ms(options, analyzer, args.samples, kept))
-            times["stop"] += path
-            times["analysis"] += analysis
+            times["floor_cpu"].append((time.process_time() - started) / args.samples)
+            stop = asyncio.run(stop_ms(options, analyzer, args.samples, kept))
+            times["stop"] += stop.path
+            times["analysis"] += stop.analysis
+            times["stop_cpu"].append(stop.cpu_per_tick)
+            times["connect_cpu"].append(stop.connect_cpu)
         if args.profile:
             profile_stop(options, analyzer, args.samples, args.profile)
         return times, kept, guest.abi
@@ -73,9 +106,9 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], Kept, str
 
 def profile_stop(options: TargetOptions, analyzer: Analyzer, count: int, top: int) -> None:
     """Where the stop path's time goes: `top` functions by their own time, then by
-    cumulative time, over `count` ticks."""
+    cumulative time, over `count` ticks (connecting left out)."""
     profiler = cProfile.Profile()
-    profiler.runcall(asyncio.run, stop_ms(options, analyzer, count, []))
+    asyncio.run(stop_ms(options, analyzer, count, [], profiler))
     stats = pstats.Stats(profiler, stream=sys.stdout)
     stats.sort_stats("tottime").print_stats(top)
     stats.sort_stats("cumulative").print_stats(top)
@@ -110,7 +143,9 @@ def main() -> None:
     figures = sample_figures(kept)
     print(
         f"floor {ms['floor']:.3f} ms, stop {ms['stop']:.3f} ms ({ratio:.2f}x the floor), "
-        f"analysis {ms['analysis']:.3f} ms per tick"
+        f"analysis {ms['analysis']:.3f} ms per tick; our CPU per tick: floor "
+        f"{ms['floor_cpu']:.3f} ms, stop {ms['stop_cpu']:.3f} ms; connecting "
+        f"{ms['connect_cpu']:.1f} ms"
     )
     print(
         f"{figures['windows_per_sample']} memory windows per sample (max "
