@@ -43,7 +43,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import REGISTERS, booted_with_ram_file, floor_tick, median, sampling_session
-from qmpprof.model import RecordStats
+from qmpprof.analysis import Analyzer
+from qmpprof.model import CapturedSample, RecordStats, Sample
+from qmpprof.record.capture import Capturer
 from qmpprof.record.sampler import paused_capture, running_capture
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.registers import parse_all
@@ -72,8 +74,9 @@ HAVE_QEMU_QMP = importlib.util.find_spec("qemu") is not None and (
 )
 
 
-def floor_ms(guest: Guest, count: int, mode: str) -> list[float]:
-    qmp = BareQmp(guest.qmp)
+def floor_ms(socket: str, count: int, mode: str) -> list[float]:
+    """The floor's ticks (bench.common.floor_tick) over the QMP socket at `socket`."""
+    qmp = BareQmp(socket)
     try:
         return timed(count, lambda: floor_tick(qmp, mode))
     finally:
@@ -109,25 +112,39 @@ async def qmpprof_ms(
     guest: Guest, ram: Path, count: int, mode: str
 ) -> tuple[list[float], list[float]]:
     """(sampling-path times, analysis times): the recorder analyses between ticks."""
-    analysis: list[float] = []
     async with sampling_session(guest, mem_path=ram) as (session, analyzer, capturer):
+        return await ticks_ms(session, analyzer, capturer, count, mode)
 
-        async def once() -> None:
-            capture = paused_capture if mode.startswith("stop") else running_capture
-            captured = await capture(session, capturer, RecordStats()) or []
-            started = time.perf_counter()
-            for one in captured:
-                analyzer.symbolize(one)
-            analysis.append(time.perf_counter() - started)
 
-        async def before() -> None:
-            if mode == "stop":
-                session.prime("stop")
-            elif mode == "nonblocking_primed":
-                capturer.prime()
-            time.sleep(GAP_S)  # untimed: the sampler waits for its tick
+async def ticks_ms(
+    session: QmpSession,
+    analyzer: Analyzer,
+    capturer: Capturer,
+    count: int,
+    mode: str,
+    kept: list[tuple[CapturedSample, Sample]] | None = None,
+) -> tuple[list[float], list[float]]:
+    """`count` ticks of `mode` over an open connection: (sampling-path times, analysis
+    times), each sample captured and analysed also appended to `kept` if given."""
+    analysis: list[float] = []
 
-        totals = await timed_async(count, once, before)
+    async def once() -> None:
+        capture = paused_capture if mode.startswith("stop") else running_capture
+        captured = await capture(session, capturer, RecordStats()) or []
+        started = time.perf_counter()
+        samples = [analyzer.symbolize(one) for one in captured]
+        analysis.append(time.perf_counter() - started)
+        if kept is not None:
+            kept.extend(zip(captured, samples, strict=True))
+
+    async def before() -> None:
+        if mode == "stop":
+            session.prime("stop")
+        elif mode == "nonblocking_primed":
+            capturer.prime()
+        time.sleep(GAP_S)  # untimed: the sampler waits for its tick
+
+    totals = await timed_async(count, once, before)
     return [t - a for t, a in zip(totals, analysis, strict=True)], analysis
 
 
@@ -182,11 +199,11 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], list[int]
     depths: list[int] = []
     with booted_with_ram_file("--accel", args.accel) as (guest, ram):
         for _ in range(args.rounds):
-            times["floor"] += floor_ms(guest, args.samples, "stop")
+            times["floor"] += floor_ms(guest.qmp, args.samples, "stop")
             times["session"] += asyncio.run(client_ms(guest, args.samples, "session"))
             if HAVE_QEMU_QMP:
                 times["qemu_qmp"] += asyncio.run(client_ms(guest, args.samples, "qemu_qmp"))
-            times["floor_nonblocking"] += floor_ms(guest, args.samples, "nonblocking")
+            times["floor_nonblocking"] += floor_ms(guest.qmp, args.samples, "nonblocking")
             for mode in ("stop", "stop_unprimed", "nonblocking", "nonblocking_primed"):
                 path, analysis = asyncio.run(qmpprof_ms(guest, ram, args.samples, mode))
                 times[mode] += path

@@ -51,11 +51,11 @@ def measure(count: int, args: argparse.Namespace) -> dict[str, float]:
     boot = ("--accel", args.accel, "--smp", str(count), "--workload", "user")
     with booted_with_ram_file(*boot, "--timeout", "180") as (guest, ram):
         for _ in range(args.rounds):
-            times["floor"] += floor_ms(guest, args.samples, "stop")
+            times["floor"] += floor_ms(guest.qmp, args.samples, "stop")
             stop, analysis = asyncio.run(qmpprof_ms(guest, ram, args.samples, "stop"))
             times["stop"] += stop
             times["analysis"] += analysis
-            times["floor_nb"] += floor_ms(guest, args.samples, "nonblocking")
+            times["floor_nb"] += floor_ms(guest.qmp, args.samples, "nonblocking")
             times["nonblocking"] += asyncio.run(
                 qmpprof_ms(guest, ram, args.samples, "nonblocking")
             )[0]

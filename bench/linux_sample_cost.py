@@ -1,0 +1,161 @@
+"""What one stop-mode sample costs on the Linux example guest, against its floor.
+
+Boots examples/linux (Debian's kernel, 2 vCPUs, KASLR on; --abi picks the kernel,
+`examples/linux/fetch.sh --list`) and measures side by side, in --rounds rounds, as
+sample_cost.py does on the example guest:
+  floor_ms     a bare-socket loop of stop, info registers -a, cont: no memory, no unwind
+  stop_ms      qmpprof's stop-mode sampling path (primed `stop`, registers, stack read
+               on demand, `cont`) with the analyzer `qmpprof record` builds (the debug
+               vmlinux with the OS adapter registry.py picks, --user
+               examples/linux/build/init) and the KASLR slide found as connect.py finds
+               it; memory `direct`, through QEMU's /proc/PID/mem (no RAM file here)
+  analysis_ms  what is left of one tick's analysis after capture (symbols)
+  *_cpu_ms     this process's CPU time per tick of the floor and of the stop path
+               (analysis included), median of the rounds: on a loaded host the wall
+               times follow QEMU's scheduling, this follows only our own work
+  connect_cpu_ms  the CPU time of opening the connection as `record` does (once a run)
+and, over every captured sample, the memory windows read per sample and the share of
+kernel-mode samples whose stack reaches a user-space frame. --profile N prints the N
+functions of the stop path that take the most time (cProfile, one extra round, not
+counted in the medians). The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import median
+from bench.sample_cost import floor_ms, ticks_ms
+from qmpprof.analysis import Analyzer
+from qmpprof.commands.common import TargetOptions, build_analyzer
+from qmpprof.commands.connect import connected
+from qmpprof.model import CapturedSample, Mode, Sample
+from tests.linux_vm import ROOT, running_linux
+
+INIT = ROOT / "examples" / "linux" / "build" / "init"
+#: The samples each stop tick captured, and what analysis made of them.
+Kept = list[tuple[CapturedSample, Sample]]
+
+
+class StopRound(NamedTuple):
+    """One round of stop-mode ticks: wall times per tick, this process's CPU seconds."""
+
+    path: list[float]
+    analysis: list[float]
+    cpu_per_tick: float
+    connect_cpu: float
+
+
+async def stop_ms(
+    options: TargetOptions,
+    analyzer: Analyzer,
+    count: int,
+    kept: Kept,
+    profiler: cProfile.Profile | None = None,
+) -> StopRound:
+    """`count` stop-mode ticks over one connection as `qmpprof record` opens it; the
+    ticks alone run under `profiler` if given."""
+    started = time.process_time()
+    async with connected(options, analyzer) as (session, _, capturer):
+        connect_cpu = time.process_time() - started
+        started = time.process_time()
+        if profiler is not None:
+            profiler.enable()
+        path, analysis = await ticks_ms(session, analyzer, capturer, count, "stop", kept)
+        if profiler is not None:
+            profiler.disable()
+        return StopRound(path, analysis, (time.process_time() - started) / count, connect_cpu)
+
+
+def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], Kept, str]:
+    """The floor's and the stop path's times, taking turns; the samples; the ABI."""
+    times: dict[str, list[float]] = {"floor": [], "stop": [], "analysis": []}
+    times |= {"floor_cpu": [], "stop_cpu": [], "connect_cpu": []}
+    kept: Kept = []
+    with (
+        tempfile.TemporaryDirectory(prefix="qmpprof-bench-") as directory,
+        running_linux(Path(directory), abi=args.abi) as guest,
+    ):
+        options = TargetOptions(guest.qmp, guest.kernel, user_files=(INIT,), memory="direct")
+        analyzer = build_analyzer(options)
+        print(f"kernel {guest.abi}, OS adapter {analyzer.adapter.name}", flush=True)
+        for _ in range(args.rounds):
+            started = time.process_time()
+            times["floor"] += floor_ms(guest.qmp, args.samples, "stop")
+            times["floor_cpu"].append((time.process_time() - started) / args.samples)
+            stop = asyncio.run(stop_ms(options, analyzer, args.samples, kept))
+            times["stop"] += stop.path
+            times["analysis"] += stop.analysis
+            times["stop_cpu"].append(stop.cpu_per_tick)
+            times["connect_cpu"].append(stop.connect_cpu)
+        if args.profile:
+            profile_stop(options, analyzer, args.samples, args.profile)
+        return times, kept, guest.abi
+
+
+def profile_stop(options: TargetOptions, analyzer: Analyzer, count: int, top: int) -> None:
+    """Where the stop path's time goes: `top` functions by their own time, then by
+    cumulative time, over `count` ticks (connecting left out)."""
+    profiler = cProfile.Profile()
+    asyncio.run(stop_ms(options, analyzer, count, [], profiler))
+    stats = pstats.Stats(profiler, stream=sys.stdout)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+
+
+def sample_figures(kept: Kept) -> dict[str, float | int | None]:
+    """Windows read per sample, and how many kernel samples unwound into user space."""
+    kernel = [sample for _, sample in kept if sample.mode is Mode.KERNEL]
+    into_user = [s for s in kernel if any(not frame.is_kernel for frame in s.frames)]
+    windows = [len(captured.raw.windows) for captured, _ in kept]
+    return {
+        "samples": len(kept),
+        "windows_per_sample": round(sum(windows) / len(windows), 2) if windows else None,
+        "windows_max": max(windows, default=0),
+        "kernel_samples": len(kernel),
+        "user_samples": sum(sample.mode is Mode.USER for _, sample in kept),
+        "kernel_into_user": len(into_user),
+        "kernel_into_user_share": round(len(into_user) / len(kernel), 3) if kernel else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--samples", type=int, default=60, help="ticks per method per round")
+    parser.add_argument("--abi", help="the Debian kernel to boot (boot.sh's default if none)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile top N")
+    args = parser.parse_args()
+    times, kept, abi = measure(args)
+    ms = {name: round(median(values) * 1000, 3) for name, values in times.items()}
+    ratio = round(ms["stop"] / ms["floor"], 2)
+    figures = sample_figures(kept)
+    print(
+        f"floor {ms['floor']:.3f} ms, stop {ms['stop']:.3f} ms ({ratio:.2f}x the floor), "
+        f"analysis {ms['analysis']:.3f} ms per tick; our CPU per tick: floor "
+        f"{ms['floor_cpu']:.3f} ms, stop {ms['stop_cpu']:.3f} ms; connecting "
+        f"{ms['connect_cpu']:.1f} ms"
+    )
+    print(
+        f"{figures['windows_per_sample']} memory windows per sample (max "
+        f"{figures['windows_max']}); {figures['kernel_into_user']} of "
+        f"{figures['kernel_samples']} kernel samples reach user space "
+        f"({figures['kernel_into_user_share']}); {figures['user_samples']} user samples"
+    )
+    summary = {"abi": abi} | {f"{name}_ms": value for name, value in ms.items()}
+    print(json.dumps(summary | {"stop_over_floor": ratio} | figures))
+
+
+if __name__ == "__main__":
+    main()
