@@ -28,6 +28,8 @@ BELOW_RSP = 128
 #: CPU's area, the task), an interrupt on the IRQ stack one for the task's stack, the
 #: unwind into user space one or two for the user stack, an unreadable end one.
 MAX_EXTRA_WINDOWS = 8
+#: Addresses remembered per vCPU and read ahead of its next sample.
+MAX_PREFETCHED = 6
 #: The HMP command that gives every vCPU's registers.
 REGISTERS = "info registers -a"
 
@@ -52,6 +54,8 @@ class Capturer:
         self._analyzer = analyzer
         self._config = config
         self._identifier = AddressSpaceIdentifier(memory, analyzer.users)
+        #: Per vCPU, the addresses its recent samples had to fetch (see _complete).
+        self._needed: dict[int, list[int]] = {}
 
     async def capture(
         self, first: str | None = None, then: str | None = None
@@ -103,22 +107,42 @@ class Capturer:
     async def _complete(self, raw: RawSample) -> CapturedSample:
         """Examine `raw`, fetching what it still misses, at most MAX_EXTRA_WINDOWS windows.
         An address that cannot be read is not asked for again, and does not keep the
-        others (the unwind's end past a stack's top, the process) from being read."""
+        others (the unwind's end past a stack's top, the process) from being read.
+
+        The addresses this vCPU's last sample needed are read first: most are the same
+        from tick to tick (a Linux CPU's per-CPU area, its task), and each one found
+        missing costs an examination more while the VM is paused."""
+        raw = await self._prefetched(raw)
         examined = self._analyzer.examine(raw)
         unreadable: set[int] = set()
-        reads = 0
-        while reads < MAX_EXTRA_WINDOWS:
+        fetched: list[int] = []
+        while len(fetched) + len(unreadable) < MAX_EXTRA_WINDOWS:
             wanted = [address for address in examined.missing if address not in unreadable]
             if not wanted:
                 break
-            reads += 1
             window = await self._window_at(raw.vcpu, wanted[0])
             if window is None:
                 unreadable.add(wanted[0])
                 continue
+            fetched.append(wanted[0])
             raw = replace(raw, windows=(*raw.windows, window))
             examined = self._analyzer.examine(raw)
+        self._remember(raw.vcpu, fetched)
         return examined.sample
+
+    async def _prefetched(self, raw: RawSample) -> RawSample:
+        windows = list(raw.windows)
+        for address in self._needed.get(raw.vcpu, ()):
+            if not any(w.base <= address < w.base + len(w.data) for w in windows):
+                window = await self._window_at(raw.vcpu, address)
+                if window is not None:
+                    windows.append(window)
+        return replace(raw, windows=tuple(windows))
+
+    def _remember(self, vcpu: int, fetched: list[int]) -> None:
+        """Keep the addresses fetched now, then those remembered before, up to the cap."""
+        before = [a for a in self._needed.get(vcpu, ()) if a not in fetched]
+        self._needed[vcpu] = (fetched + before)[:MAX_PREFETCHED]
 
     async def _window_at(self, vcpu: int, address: int) -> MemoryWindow | None:
         """A window holding `address`: from a little below it to the end of the next page."""

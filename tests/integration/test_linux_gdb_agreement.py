@@ -291,6 +291,8 @@ class Agreement:
             )
             return
         self.classes[USER_TASK_KERNEL].add(kernel, observed, observed.kernel, ours)
+        if saving_user_registers(observed):
+            return
         whole = kernel and agree(observed.user, ours_user)
         self.classes[USER_TASK_WHOLE].add(whole, observed, observed.kernel + observed.user, ours)
 
@@ -357,6 +359,15 @@ def agreement(linux_under_gdb: tuple[LinuxGuest, LinuxOracle]) -> Agreement:
     return measure(*linux_under_gdb, PAUSES, "linux gdb agreement")
 
 
+def saving_user_registers(observed: Observed) -> bool:
+    """The vCPU stopped in the system-call or interrupt entry itself, while it still
+    pushes the user's registers: the oracle's pt_regs then mixes this entry's registers
+    with the last one's (seen: `__libc_write` under `ask_parent`, which only calls
+    `getppid`), so the whole stack has no oracle there; its kernel part still counts."""
+    leaf = observed.kernel[0].function if observed.kernel else None
+    return leaf is not None and ENTRY.fullmatch(leaf) is not None
+
+
 def check(result: Agreement, kind: str) -> None:
     tally = result.classes[kind]
     if tally.samples == 0:  # the workloads keep both CPUs busy: idle time is rare
@@ -382,12 +393,10 @@ def test_kernel_thread_samples_agree_with_gdb(agreement: Agreement) -> None:
     check(agreement, KTHREAD)
 
 
-@pytest.mark.xfail(strict=False, reason="needs ORC (issue 15)")
 def test_kernel_part_of_user_task_samples_agrees_with_gdb(agreement: Agreement) -> None:
     check(agreement, USER_TASK_KERNEL)
 
 
-@pytest.mark.xfail(strict=False, reason="needs ORC (issue 15)")
 def test_whole_stack_of_user_task_kernel_samples_agrees_with_gdb(agreement: Agreement) -> None:
     check(agreement, USER_TASK_WHOLE)
 
