@@ -9,7 +9,10 @@ layout_sections). The same walk here gives each section's offset in that text, s
 symbol's file address is its section's offset plus its st_value, and a Mapping with
 bias = the module's text base puts it where the guest runs it.
 
-No unwind tables yet: the .ko's ORC entries need its relocations applied.
+Its ORC tables are read the same way: each `.orc_unwind_ip` entry is a PC32 relocation
+against a text section (or a symbol in one), so its address is that section's offset
+plus the symbol's value and the addend; entries for `.init*` code are left out, and
+the rest sorted by address, as the kernel sorts them when it loads the module.
 """
 
 from __future__ import annotations
@@ -20,14 +23,17 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from elftools.elf.elffile import ELFFile
+from elftools.elf.relocation import RelocationSection
+from elftools.elf.sections import SymbolTableSection
 
 from qmpprof.errors import BadElf
 from qmpprof.memory import WindowMemory
 from qmpprof.model import KernelModule, MemoryWindow
 from qmpprof.modules import Module, read_build_id
 from qmpprof.symbols.elf import Symbol, SymbolTable, symbol_entries
-from qmpprof.symbols.elf_file import open_elf
+from qmpprof.symbols.elf_file import ELF_PARSE_ERRORS, open_elf
 from qmpprof.unwind.cfi import CfiTable
+from qmpprof.unwind.orc import ENTRY_SIZE, Layout, OrcTable
 
 _SHF_ALLOC_EXEC = 0x2 | 0x4
 _SHN_LORESERVE = 0xFF00
@@ -76,10 +82,11 @@ def _load(path: Path, name: str, shown: Path | None = None) -> Module:
         ends = {index: offsets[index] + elf.get_section(index)["sh_size"] for index in offsets}
         symbols = _symbols(elf, offsets, ends)
         build_id = read_build_id(elf)
-    end = max((w.end for w in windows), default=0)
+        end = max((w.end for w in windows), default=0)
+        orc = read_module_orc(elf, offsets, end)
     table = SymbolTable(name, symbols)
     code = WindowMemory(windows)
-    return Module(name, shown or path, table, CfiTable([]), code, None, build_id, (0, end))
+    return Module(name, shown or path, table, CfiTable([]), code, None, build_id, (0, end), orc)
 
 
 def text_layout(elf: ELFFile) -> tuple[dict[int, int], list[MemoryWindow]]:
@@ -99,6 +106,60 @@ def text_layout(elf: ELFFile) -> tuple[dict[int, int], list[MemoryWindow]]:
         if section["sh_type"] == "SHT_PROGBITS":
             windows.append(MemoryWindow(offset, section.data()))
     return offsets, windows
+
+
+#: R_X86_64_PC32: what objtool writes for each .orc_unwind_ip entry.
+_PC32 = 2
+
+
+def read_module_orc(elf: ELFFile, offsets: dict[int, int], end: int) -> OrcTable | None:
+    """The module's ORC table at text offsets (see the module's docstring); None without
+    one, or with one that cannot be read."""
+    try:
+        entries_section = elf.get_section_by_name(".orc_unwind")
+        relocations = elf.get_section_by_name(".rela.orc_unwind_ip")
+        if entries_section is None or not isinstance(relocations, RelocationSection):
+            return None
+        symbols = elf.get_section(relocations["sh_link"])
+        if not isinstance(symbols, SymbolTableSection):
+            return None
+        entries = entries_section.data()
+        placed = _orc_addresses(relocations, symbols, offsets, len(entries) // ENTRY_SIZE)
+        new = elf.get_section_by_name(".orc_header") is not None
+    except ELF_PARSE_ERRORS:
+        return None
+    if not placed:
+        return None
+    placed.sort()
+    # OrcTable reads addresses relative to each entry (base + 4 * i + value), as the
+    # kernel stores them: with base 0, entry i's value is its address minus 4 * i.
+    relative = b"".join(
+        (ip - 4 * i).to_bytes(4, "little", signed=True) for i, (ip, _) in enumerate(placed)
+    )
+    ordered = b"".join(entries[k * ENTRY_SIZE : (k + 1) * ENTRY_SIZE] for _, k in placed)
+    layout = Layout.FROM_6_4 if new else Layout.BEFORE_6_4
+    return OrcTable(relative, 0, ordered, layout, end)
+
+
+def _orc_addresses(
+    relocations: RelocationSection,
+    symbols: SymbolTableSection,
+    offsets: dict[int, int],
+    count: int,
+) -> list[tuple[int, int]]:
+    """(text offset, entry index) of each .orc_unwind_ip entry in the core text."""
+    placed = []
+    for relocation in relocations.iter_relocations():
+        index, rest = divmod(relocation["r_offset"], 4)
+        if relocation["r_info_type"] != _PC32 or rest or not 0 <= index < count:
+            continue
+        symbol = symbols.get_symbol(relocation["r_info_sym"])
+        section = symbol["st_shndx"]
+        if isinstance(section, int) and section in offsets:
+            ip = offsets[section] + symbol["st_value"] + relocation["r_addend"]
+            if 0 <= ip < 1 << 31:
+                placed.append((ip, index))
+    return placed
 
 
 def _symbols(elf: ELFFile, offsets: dict[int, int], ends: dict[int, int]) -> list[Symbol]:

@@ -20,7 +20,7 @@ from qmpprof.commands.connect import connected
 from qmpprof.model import RawSample, RegisterSet
 from qmpprof.record.qmpcap import read_capture
 from tests.integration.conftest import run_qmpprof
-from tests.linux_vm import ROOT, LinuxGuest, kernel_abis, running_linux
+from tests.linux_vm import LinuxGuest, initramfs_file, kernel_abis, running_linux
 
 
 @pytest.fixture(scope="module", params=kernel_abis())
@@ -59,20 +59,6 @@ def kallsyms_of_crc8(guest: LinuxGuest) -> dict[str, int]:
     serial = Path(guest.serial).read_text()
     said = re.findall(r"qmpprof-linux: ksym ([0-9a-f]+) [tT] (\S+)", serial)
     return {name: int(address, 16) for address, name in said}
-
-
-def initramfs_file(name: str) -> bytes:
-    """A file of the initramfs the guest booted (newc: a 110-byte header, the name and
-    the data, each padded to 4 bytes)."""
-    archive = (ROOT / "examples" / "linux" / "build" / "initramfs.cpio").read_bytes()
-    at = 0
-    while archive.startswith(b"070701", at):
-        size, name_size = int(archive[at + 54 : at + 62], 16), int(archive[at + 94 : at + 102], 16)
-        start = at + 110 + name_size + (-(110 + name_size) % 4)
-        if archive[at + 110 : at + 110 + name_size - 1].decode() == name:
-            return archive[start : start + size]
-        at = start + size + (-size % 4)
-    raise AssertionError(f"{name} is not in the initramfs")
 
 
 def test_module_dir_names_a_modules_functions_as_kallsyms_does(

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from elftools.elf.elffile import ELFFile
 
 from qmpprof.analysis import Analyzer
 from qmpprof.errors import BadRecord, MemoryFault
@@ -42,6 +43,8 @@ from qmpprof.modules import unread_module
 from qmpprof.record.kernel_modules import REREAD_INTERVAL_S, KernelModules
 from qmpprof.record.qmpcap_schema import MAX_KERNEL_MODULES, decode_header, encode_header
 from qmpprof.symbols.kernel_object import ModuleFiles, load_kernel_object
+from qmpprof.unwind.orc import ENTRY_SIZE, Layout, decode_entry, entry_row
+from tests.linux_vm import INITRAMFS, initramfs_file
 from tests.unit.conftest import build_elf
 from tests.unit.data.linux.record_modules import layout_of
 from tests.unit.test_symbols import nm_functions
@@ -295,3 +298,44 @@ def test_an_unknown_kernel_pc_rereads_the_list_at_most_once_a_second() -> None:
     assert check(unknown) == 0  # read half a second ago
     now[0] += REREAD_INTERVAL_S
     assert check(unknown) == 2
+
+
+def guest_crc8(abi: str, directory: Path) -> Path:
+    """The crc8.ko the Linux example guest loads on kernel `abi` (from its initramfs)."""
+    if not INITRAMFS.exists():
+        pytest.skip(f"{INITRAMFS} not built (make linux-guest)")
+    path = directory / "crc8.ko"
+    path.write_bytes(initramfs_file(f"lib/modules/{abi}/crc8.ko"))
+    return path
+
+
+def readelf_orc_addresses(path: Path) -> dict[int, int]:
+    """Entry index -> text offset of each .orc_unwind_ip entry: readelf's relocations
+    (all against .text, which is first in the module's text, at offset 0)."""
+    out = subprocess.run(["readelf", "-rW", str(path)], capture_output=True, text=True).stdout
+    table = out.split("'.rela.orc_unwind_ip'", 1)[1].split("\n\n", 1)[0]
+    found = {}
+    for offset, addend in re.findall(
+        r"^([0-9a-f]+) .*R_X86_64_PC32 .* \.text \+ ([0-9a-f]+)$", table, re.M
+    ):
+        found[int(offset, 16) // 4] = int(addend, 16)
+    return found
+
+
+@pytest.mark.parametrize("abi", ABIS)
+def test_a_kos_orc_rows_are_its_entries_at_their_relocated_addresses(
+    abi: str, tmp_path: Path
+) -> None:
+    path = guest_crc8(abi, tmp_path)
+    module = load_kernel_object(path, "crc8")
+    with path.open("rb") as stream:
+        elf = ELFFile(stream)
+        section = elf.get_section_by_name(".orc_unwind")
+        assert section is not None
+        entries = section.data()
+        layout = Layout.FROM_6_4 if elf.get_section_by_name(".orc_header") else Layout.BEFORE_6_4
+    addresses = readelf_orc_addresses(path)
+    assert module.orc is not None and len(module.orc) == len(addresses) > 0
+    for index, address in addresses.items():
+        expected = entry_row(decode_entry(entries, index * ENTRY_SIZE, layout))
+        assert module.orc.row_for(address) == expected, hex(address)
