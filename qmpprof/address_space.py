@@ -10,12 +10,13 @@ at guest addresses, the symbolizer for names, each translated to file addresses 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections import abc
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from qmpprof.errors import MemoryFault
-from qmpprof.model import KERNEL_HALF
-from qmpprof.modules import Module
+from qmpprof.model import KERNEL_HALF, KernelModule
+from qmpprof.modules import Module, unread_module
 from qmpprof.symbols.elf import SymbolTable
 from qmpprof.unwind.callsite import follows_call
 from qmpprof.unwind.rules import UnwindRow
@@ -48,6 +49,37 @@ def kernel_mapping(kernel: Module, bias: int = 0) -> Mapping:
     if start >= KERNEL_HALF or end <= start:
         return Mapping(kernel, KERNEL_HALF, ADDRESS_END, bias)
     return Mapping(kernel, start, end, bias)
+
+
+def kernel_mappings(
+    kernel: Module,
+    bias: int = 0,
+    loaded: Sequence[KernelModule] = (),
+    files: abc.Mapping[str, Module] | None = None,
+) -> list[Mapping]:
+    """The kernel's mapping with its `loaded` modules cut out of it, each mapped at its
+    text: from its file (`files`, by name: symbols/kernel_object.py) when that fits in
+    the text, else by name alone (`unread_module`). `loaded` must be sorted and
+    disjoint, and not overlap the kernel's own code (Analyzer.place_kernel_modules
+    makes it so)."""
+    whole = kernel_mapping(kernel, bias)
+    inside = [m for m in loaded if whole.start <= m.base and m.end <= whole.end]
+    if not inside:
+        return [whole]
+    edges = [whole.start, *(x for m in inside for x in (m.base, m.end)), whole.end]
+    pieces = [
+        Mapping(kernel, start, end, bias)
+        for start, end in zip(edges[::2], edges[1::2], strict=True)
+    ]
+    modules = [Mapping(_module_of(m, files or {}), m.base, m.end, m.base) for m in inside]
+    return [*(p for p in pieces if p.start < p.end), *modules]
+
+
+def _module_of(loaded: KernelModule, files: abc.Mapping[str, Module]) -> Module:
+    file = files.get(loaded.name)
+    if file is not None and file.extent[1] <= loaded.size:
+        return file
+    return unread_module(loaded)
 
 
 def user_mapping(user: Module, bias: int = 0, taken: Mapping | None = None) -> list[Mapping]:
@@ -153,7 +185,8 @@ class ReturnSites:
         return known
 
     def _decode(self, address: int) -> bool | None:
-        if self._space.mapping_at(address) is None:
+        mapping = self._space.mapping_at(address)
+        if mapping is None or not mapping.module.has_code:
             return None
         try:
             self._space.code.read(address - 1, 1)

@@ -8,8 +8,9 @@ Two steps, each done once per sample:
   capture's raw samples through the same step (`--reunwind`).
 - `Analyzer.symbolize(captured)` names the frames.
 
-Each sample runs in one AddressSpace: the kernel mapped over the upper half, the user
-binary identified for its CR3 (if any) over the lower half.
+Each sample runs in one AddressSpace: the kernel mapped over the upper half but for its
+loaded modules' text (each mapped by name: `place_kernel_modules`), the user binary
+identified for its CR3 (if any) over the lower half.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections import abc
 from dataclasses import dataclass
 
-from qmpprof.address_space import AddressSpace, Mapping, kernel_mapping, user_mapping
+from qmpprof.address_space import AddressSpace, Mapping, kernel_mappings, user_mapping
 from qmpprof.defaults import DEFAULT_MAX_DEPTH
 from qmpprof.errors import MemoryFault
 from qmpprof.guest.adapter import GenericAdapter, OsAdapter
@@ -28,6 +29,7 @@ from qmpprof.model import (
     CapturedSample,
     FrameAddress,
     FrameKind,
+    KernelModule,
     Mode,
     NoUserSymbols,
     RawSample,
@@ -74,6 +76,8 @@ class Analyzer:
         self.max_depth = max_depth
         self.biases = dict(biases or {})
         self._spaces: dict[str | None, tuple[AddressSpace, Symbolizer]] = {}
+        self.kernel_modules: tuple[KernelModule, ...] = ()
+        self.kernel_module_files: dict[str, Module] = {}
 
     @property
     def kernel_bias(self) -> int:
@@ -89,6 +93,33 @@ class Analyzer:
         self.biases[self.kernel.name] = bias
         self._spaces.clear()
         self.adapter.relocate(bias)
+
+    def place_kernel_modules(
+        self, loaded: abc.Iterable[KernelModule], files: abc.Mapping[str, Module] | None = None
+    ) -> None:
+        """The kernel has these modules loaded (read from the guest, or from a
+        capture): each is mapped at its text, with the symbols of its file in `files`
+        (by name) or by name alone. One that overlaps the kernel's own code or a module
+        before it (by base) is left out: guest data is hostile."""
+        self.kernel_modules = self._disjoint(sorted(loaded, key=lambda m: (m.base, m.end)))
+        self.kernel_module_files = dict(files or {})
+        self._spaces.clear()
+
+    def _disjoint(self, loaded: list[KernelModule]) -> tuple[KernelModule, ...]:
+        if self.kernel is None:
+            return ()
+        bias = self.kernel_bias
+        start, end = self.kernel.extent[0] + bias, self.kernel.extent[1] + bias
+        kept: list[KernelModule] = []
+        for module in loaded:
+            clear_of_kernel = module.end <= start or module.base >= end
+            if clear_of_kernel and (not kept or kept[-1].end <= module.base):
+                kept.append(module)
+        return tuple(kept)
+
+    def kernel_module_at(self, address: int) -> KernelModule | None:
+        """The placed module whose text holds `address`, if any."""
+        return next((m for m in self.kernel_modules if m.base <= address < m.end), None)
 
     @property
     def modules(self) -> list[Module]:
@@ -108,11 +139,14 @@ class Analyzer:
         return self._spaces[name]
 
     def _mappings(self, user: Module | None) -> list[Mapping]:
-        kernel = None
+        kernel: list[Mapping] = []
         if self.kernel is not None:
-            kernel = kernel_mapping(self.kernel, self.biases.get(self.kernel.name, 0))
-        users = user_mapping(user, self.biases.get(user.name, 0), kernel) if user else []
-        return [*([kernel] if kernel is not None else []), *users]
+            kernel = kernel_mappings(
+                self.kernel, self.kernel_bias, self.kernel_modules, self.kernel_module_files
+            )
+        low = next((m for m in kernel if m.module is self.kernel), None)
+        users = user_mapping(user, self.biases.get(user.name, 0), low) if user else []
+        return [*kernel, *users]
 
     def examine(self, raw: RawSample) -> Examined:
         """`raw`'s stack and process as far as its memory allows, and what it misses."""

@@ -165,6 +165,15 @@ def _add_binary_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--kernel", type=Path, metavar="ELF", help="the guest kernel's ELF file with symbols")
     add(
+        "--module-dir",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a Linux guest's kernel modules (DIR/NAME.ko or NAME.ko.xz): their symbols; "
+        "without one a module's code shows as [NAME]+offset; repeatable",
+    )
+    add(
         "--user-dir",
         type=Path,
         action="append",
@@ -315,6 +324,7 @@ def _target_options(args: argparse.Namespace) -> TargetOptions:
         kernel=args.kernel,
         user_dirs=tuple(args.user_dir),
         user_files=tuple(args.user),
+        module_dirs=tuple(args.module_dir),
         memory=getattr(args, "memory", "auto"),
         mem_path=getattr(args, "mem_path", None),
         stack_bytes=getattr(args, "stack_bytes", DEFAULT_STACK_BYTES),

@@ -263,6 +263,20 @@ class Sample:
 
 
 @dataclass(frozen=True)
+class KernelModule:
+    """A module loaded into a guest's kernel, as its module list says: its name and
+    where its code is, [base, base + size)."""
+
+    name: str
+    base: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        return self.base + self.size
+
+
+@dataclass(frozen=True)
 class Recording:
     """What a profile was recorded from and how: titles, periods and file headers."""
 
@@ -274,6 +288,8 @@ class Recording:
     command_line: str = ""
     #: How far from its link address the kernel ran (a KASLR slide): `report` uses it.
     kernel_bias: int = 0
+    #: The guest kernel's loaded modules when recording started: `report` maps them.
+    kernel_modules: tuple[KernelModule, ...] = ()
 
 
 class EndReason(Enum):

@@ -14,8 +14,8 @@ from elftools.elf.elffile import ELFFile
 
 from qmpprof.errors import BadElf
 from qmpprof.memory import WindowMemory
-from qmpprof.model import MemoryWindow
-from qmpprof.symbols.elf import SymbolTable, read_code_symbols
+from qmpprof.model import KernelModule, MemoryWindow
+from qmpprof.symbols.elf import Symbol, SymbolTable, read_code_symbols
 from qmpprof.symbols.elf_file import open_elf
 from qmpprof.symbols.image import code_sections
 from qmpprof.unwind.cfi import CfiTable, load_cfi
@@ -52,6 +52,10 @@ class Module:
     #: A Linux kernel's own unwind tables (.orc_unwind), preferred to its DWARF CFI.
     orc: OrcTable | None = None
 
+    @property
+    def has_code(self) -> bool:
+        return self.extent[1] > self.extent[0]
+
 
 def load_module(path: str | Path, name: str | None = None) -> Module:
     """Load an ELF as a module called `name` (default: the file name). Raises BadElf
@@ -68,6 +72,16 @@ def load_module(path: str | Path, name: str | None = None) -> Module:
     cfi = load_cfi(path)
     code = WindowMemory(sections)
     return Module(name or path.name, path, symbols, cfi, code, text, build_id, extent, orc)
+
+
+def unread_module(loaded: KernelModule) -> Module:
+    """A kernel module known only by its name and text (no file read): its text is one
+    symbol, `[name]`, so an address in it reads `[name]+offset` from its base; no CFI,
+    no code bytes (an unwind or return-site check there learns nothing)."""
+    label = f"[{loaded.name}]"
+    symbols = SymbolTable(loaded.name, [Symbol(label, 0, loaded.size)])
+    empty = WindowMemory(())
+    return Module(loaded.name, Path(label), symbols, CfiTable([]), empty, None, None, (0, 0))
 
 
 def _extent(sections: list[MemoryWindow]) -> tuple[int, int]:

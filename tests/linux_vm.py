@@ -11,6 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BOOT = ROOT / "examples" / "linux" / "boot.sh"
 FETCH = ROOT / "examples" / "linux" / "fetch.sh"
+INITRAMFS = ROOT / "examples" / "linux" / "build" / "initramfs.cpio"
 #: Booting Debian's kernel under TCG on a busy 2-core host, after a first download.
 BOOT_TIMEOUT_S = 900
 
@@ -63,3 +64,17 @@ def running_linux(workdir: Path, *extra: str, abi: str | None = None) -> Iterato
         yield guest
     finally:
         subprocess.run([str(BOOT), "stop", str(guest.pid)], check=False, timeout=60)
+
+
+def initramfs_file(name: str) -> bytes:
+    """A file of the initramfs the guest booted (newc: a 110-byte header, the name and
+    the data, each padded to 4 bytes)."""
+    archive = INITRAMFS.read_bytes()
+    at = 0
+    while archive.startswith(b"070701", at):
+        size, name_size = int(archive[at + 54 : at + 62], 16), int(archive[at + 94 : at + 102], 16)
+        start = at + 110 + name_size + (-(110 + name_size) % 4)
+        if archive[at + 110 : at + 110 + name_size - 1].decode() == name:
+            return archive[start : start + size]
+        at = start + size + (-size % 4)
+    raise AssertionError(f"{name} is not in the initramfs")

@@ -20,6 +20,8 @@
 #include <stdio.h>
 #include <sys/mount.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -68,8 +70,42 @@ static void say_divide_error_handler(void) {
     fclose(kallsyms);
 }
 
+/* Loads /lib/modules/<release>/crc8.ko (mkcpio.py put it there) and says where
+ * /proc/modules puts each module, "qmpprof-linux: module crc8 at 0x<address>", and
+ * where /proc/kallsyms puts crc8's symbols, "qmpprof-linux: ksym <address> <type>
+ * <name>": the tests' oracles for qmpprof's module list and --module-dir. Needs /proc
+ * (say_divide_error_handler mounts it). */
+static void load_module(void) {
+    char path[128], line[256], name[64], address[32], type[4];
+    struct utsname system;
+    if (uname(&system) != 0)
+        return;
+    snprintf(path, sizeof path, "/lib/modules/%s/crc8.ko", system.release);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || syscall(SYS_finit_module, fd, "", 0) != 0)
+        dprintf(2, "init: cannot load %s\n", path);
+    if (fd >= 0)
+        close(fd);
+    FILE *modules = fopen("/proc/modules", "r");
+    if (modules == NULL)
+        return;
+    while (fgets(line, sizeof line, modules) != NULL)
+        if (sscanf(line, "%63s %*s %*s %*s %*s %31s", name, address) == 2)
+            dprintf(1, "qmpprof-linux: module %s at %s\n", name, address);
+    fclose(modules);
+    FILE *kallsyms = fopen("/proc/kallsyms", "r");
+    if (kallsyms == NULL)
+        return;
+    while (fgets(line, sizeof line, kallsyms) != NULL)
+        if (strstr(line, "\t[crc8]") != NULL &&
+            sscanf(line, "%31s %3s %63s", address, type, name) == 3)
+            dprintf(1, "qmpprof-linux: ksym %s %s %s\n", address, type, name);
+    fclose(kallsyms);
+}
+
 int main(void) {
     say_divide_error_handler();
+    load_module();
     for (size_t i = 0; i < sizeof WORKLOADS / sizeof WORKLOADS[0]; i++)
         start(WORKLOADS[i]);
     say(READY_LINE);

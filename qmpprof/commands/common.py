@@ -9,6 +9,7 @@ from pathlib import Path
 
 from qmpprof.analysis import Analyzer
 from qmpprof.defaults import DEFAULT_MAX_DEPTH, DEFAULT_STACK_BYTES
+from qmpprof.errors import BadElf
 from qmpprof.guest.adapter import GenericAdapter, OsAdapter
 from qmpprof.guest.registry import choose_adapter
 from qmpprof.modules import load_module, load_user_modules
@@ -23,6 +24,8 @@ class TargetOptions:
     kernel: Path | None
     user_dirs: tuple[Path, ...] = ()
     user_files: tuple[Path, ...] = ()
+    #: Where a Linux guest's kernel modules' .ko files are (DIR/NAME.ko).
+    module_dirs: tuple[Path, ...] = ()
     memory: str = "auto"
     mem_path: str | None = None
     stack_bytes: int = DEFAULT_STACK_BYTES
@@ -35,6 +38,9 @@ def build_analyzer(options: TargetOptions) -> Analyzer:
     """Load the guest's binaries (raises BadElf) and make the analyzer that uses them."""
     kernel = load_module(options.kernel) if options.kernel is not None else None
     users = load_user_modules(list(options.user_dirs), list(options.user_files))
+    for directory in options.module_dirs:
+        if not directory.is_dir():
+            raise BadElf(str(directory), "not a directory")
     return Analyzer(kernel, users, _adapter(options.kernel), options.unwind, options.max_depth)
 
 

@@ -9,7 +9,9 @@ from qmpprof.analysis import Analyzer
 from qmpprof.commands.common import TargetOptions, say_on_stderr
 from qmpprof.errors import UsageError
 from qmpprof.record.capture import CaptureConfig, Capturer
+from qmpprof.record.kernel_modules import KernelModules
 from qmpprof.record.relocation import kernel_slide_of
+from qmpprof.symbols.kernel_object import ModuleFiles
 from qmpprof.target.memory import MemoryBackend, open_memory
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.recovery import claim, release
@@ -25,7 +27,8 @@ async def connected(
     line) and claims the socket's pause marker (target.recovery); raises UsageError
     when `options.cpus` names a vCPU the guest does not have. A Linux kernel's KASLR
     slide is found before the first sample (record/relocation.py) and given to
-    `analyzer` as the kernel's bias."""
+    `analyzer` as the kernel's bias, and its loaded modules are read then
+    (record/kernel_modules.py) and again when samples run in kernel code nowhere known."""
     session = await QmpSession.connect(options.qmp_socket)
     try:
         await claim(session, notice)
@@ -33,10 +36,16 @@ async def connected(
         memory = await open_memory(session, options.memory, options.mem_path)
         config = CaptureConfig(stack_bytes=options.stack_bytes, cpus=options.cpus)
         try:
-            slide = await kernel_slide_of(session, memory, analyzer)
-            if slide:
-                analyzer.relocate_kernel(slide)
-            yield session, memory, Capturer(session, memory, analyzer, config)
+            placed = await kernel_slide_of(session, memory, analyzer)
+            modules = None
+            if placed is not None:
+                if placed.slide:
+                    analyzer.relocate_kernel(placed.slide)
+                files = ModuleFiles(options.module_dirs, notice)
+                modules = KernelModules.of_guest(analyzer, memory, placed.vcpu, files)
+            if modules is not None:
+                await modules.read()
+            yield session, memory, Capturer(session, memory, analyzer, config, modules)
         finally:
             await memory.close()
     finally:

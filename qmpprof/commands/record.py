@@ -213,6 +213,7 @@ def _recording(
         kernel=str(kernel.resolve()) if kernel is not None else None,
         command_line=" ".join(["qmpprof", *sys.argv[1:]]),
         kernel_bias=analyzer.kernel_bias,
+        kernel_modules=analyzer.kernel_modules,
     )
 
 

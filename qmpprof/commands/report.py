@@ -14,6 +14,7 @@ from qmpprof.model import CapturedSample
 from qmpprof.output.writers import Format
 from qmpprof.profile import Profile, Scope
 from qmpprof.record.qmpcap import Capture, read_capture
+from qmpprof.symbols.kernel_object import ModuleFiles
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,9 @@ def _replay(options: ReportOptions, capture: Capture) -> Collector:
     analyzer = build_analyzer(target)
     if capture.recording.kernel_bias:
         analyzer.relocate_kernel(capture.recording.kernel_bias)
+    loaded = capture.recording.kernel_modules
+    files = ModuleFiles(target.module_dirs, lambda line: say(stderr_console(), line))
+    analyzer.place_kernel_modules(loaded, files.for_modules(loaded))
     collector = Collector(analyzer, Profile(options.include_idle, options.scope))
     for entry in capture.samples():
         _add(collector, entry, options.reunwind)

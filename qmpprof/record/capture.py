@@ -17,6 +17,7 @@ from qmpprof.analysis import Analyzer
 from qmpprof.defaults import DEFAULT_STACK_BYTES, PAGE_SIZE
 from qmpprof.model import CapturedSample, MemoryWindow, RawSample, RegisterSet
 from qmpprof.record.identify import AddressSpaceIdentifier
+from qmpprof.record.kernel_modules import KernelModules
 from qmpprof.target.memory import MemoryBackend
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.registers import parse_all
@@ -47,8 +48,15 @@ class Capturer:
     """Takes the raw samples of one tick (the caller decides whether the VM is paused)."""
 
     def __init__(
-        self, session: QmpSession, memory: MemoryBackend, analyzer: Analyzer, config: CaptureConfig
+        self,
+        session: QmpSession,
+        memory: MemoryBackend,
+        analyzer: Analyzer,
+        config: CaptureConfig,
+        modules: KernelModules | None = None,
     ) -> None:
+        """`modules`: a Linux guest's module list, read again when a sample needs it."""
+        self._modules = modules
         self._session = session
         self._memory = memory
         self._analyzer = analyzer
@@ -76,7 +84,12 @@ class Capturer:
             self._session.prime(then)
         self._memory.set_registers(registers)
         cpus = self._config.cpus
-        return [await self._one(regs, now) for regs in registers if not cpus or regs.vcpu in cpus]
+        samples = [
+            await self._one(regs, now) for regs in registers if not cpus or regs.vcpu in cpus
+        ]
+        if self._modules is not None:
+            await self._modules.check(samples)
+        return samples
 
     def prime(self) -> None:
         """Have QEMU read the next capture's register request already (QmpSession.prime):

@@ -18,6 +18,7 @@ from qmpprof.model import (
     CapturedSample,
     FrameAddress,
     FrameKind,
+    KernelModule,
     MemoryWindow,
     Process,
     RawSample,
@@ -124,6 +125,9 @@ def parse_line(line: bytes) -> Any:
         raise BadRecord("not JSON") from err
 
 
+#: A capture's kernel modules: as many, and names as long, as guest/linux_modules.py reads.
+MAX_KERNEL_MODULES = 4096
+MAX_MODULE_NAME = 56
 #: A kernel's recorded bias stays inside the x86-64 address space either way.
 MAX_BIAS = 1 << 64
 
@@ -151,7 +155,23 @@ def _recording(recording: dict[str, Any]) -> Recording:
         kernel=fields.get("kernel", _optional(_str), None),
         command_line=fields.get("command_line", _str, ""),
         kernel_bias=fields.get("kernel_bias", _int_within(-MAX_BIAS, MAX_BIAS), 0),
+        kernel_modules=fields.get("kernel_modules", _kernel_modules, ()),
     )
+
+
+def _kernel_modules(value: Any) -> tuple[KernelModule, ...]:
+    return tuple(_kernel_module(entry) for entry in _list(value, MAX_KERNEL_MODULES))
+
+
+def _kernel_module(value: Any) -> KernelModule:
+    fields = _Fields(_dict(value), "recording.kernel_modules.")
+    name = fields.get("name", _str)
+    if len(name) > MAX_MODULE_NAME:
+        raise BadRecord("field 'recording.kernel_modules.name' is too long")
+    base, size = fields.get("base", _u64), fields.get("size", _u64)
+    if base + size > U64 + 1:
+        raise BadRecord("field 'recording.kernel_modules.size' runs past the address space")
+    return KernelModule(name, base, size)
 
 
 def decode_end(record: Any) -> int | None:

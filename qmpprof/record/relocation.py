@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from qmpprof.analysis import Analyzer
 from qmpprof.errors import KernelMismatch
@@ -26,9 +27,18 @@ from qmpprof.target.registers import parse_all
 _IDT = re.compile(r"^IDT=\s*([0-9a-f]{1,16}) ", re.MULTILINE)
 
 
+@dataclass(frozen=True)
+class KernelPlacement:
+    """Where a Linux guest runs its kernel, and a vCPU in 64-bit mode that read it (whose
+    page tables map the kernel's half)."""
+
+    slide: int
+    vcpu: int
+
+
 async def kernel_slide_of(
     session: QmpSession, memory: MemoryBackend, analyzer: Analyzer
-) -> int | None:
+) -> KernelPlacement | None:
     """The slide of a Linux guest's kernel (KASLR), read from the divide-error gate of
     the IDT of a vCPU in 64-bit mode and checked against the guest's `linux_banner`;
     None when the kernel is not Linux or no vCPU gives one (a guest still booting).
@@ -52,7 +62,7 @@ async def kernel_slide_of(
             if slide is None:
                 raise KernelMismatch(mismatch_no_slide(str(kernel.path), handler, kernel.symbols))
             await _check_banner(memory, regs, kernel, adapter.banner, slide)
-            return slide
+            return KernelPlacement(slide, regs.vcpu)
     return None
 
 
