@@ -6,8 +6,8 @@ sample_cost.py does on the example guest:
   floor_ms     a bare-socket loop of stop, info registers -a, cont: no memory, no unwind
   stop_ms      qmpprof's stop-mode sampling path (primed `stop`, registers, stack read
                on demand, `cont`) with the analyzer `qmpprof record` builds (the debug
-               vmlinux with the OS adapter registry.py picks, --user
-               examples/linux/build/init) and the KASLR slide found as connect.py finds
+               vmlinux with the OS adapter registry.py picks, --user for each workload
+               in examples/linux/build) and the KASLR slide found as connect.py finds
                it; memory `direct`, through QEMU's /proc/PID/mem (no RAM file here)
   analysis_ms  what is left of one tick's analysis after capture (symbols)
   *_cpu_ms     this process's CPU time per tick of the floor and of the stop path
@@ -43,7 +43,9 @@ from qmpprof.commands.connect import connected
 from qmpprof.model import CapturedSample, Mode, Sample
 from tests.linux_vm import ROOT, running_linux
 
-INIT = ROOT / "examples" / "linux" / "build" / "init"
+BUILD = ROOT / "examples" / "linux" / "build"
+#: The workloads init starts, each its own program named after its comm.
+WORKLOADS = tuple(BUILD / name for name in ("crunch", "crunchnofp", "sysloop", "pinned", "sleeper"))
 #: The samples each stop tick captured, and what analysis made of them.
 Kept = list[tuple[CapturedSample, Sample]]
 
@@ -87,7 +89,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], Kept, str
         tempfile.TemporaryDirectory(prefix="qmpprof-bench-") as directory,
         running_linux(Path(directory), abi=args.abi) as guest,
     ):
-        options = TargetOptions(guest.qmp, guest.kernel, user_files=(INIT,), memory="direct")
+        options = TargetOptions(guest.qmp, guest.kernel, user_files=WORKLOADS, memory="direct")
         analyzer = build_analyzer(options)
         print(f"kernel {guest.abi}, OS adapter {analyzer.adapter.name}", flush=True)
         for _ in range(args.rounds):
