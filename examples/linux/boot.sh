@@ -3,7 +3,7 @@
 # background and wait until its init says it is ready.
 #
 #   boot.sh --qmp SOCKET [--gdb SOCKET|PORT] [--smp N] [--serial LOG] [--timeout SEC]
-#           [--nokaslr] [--abi ABI] [--extra-qmp SOCKET]
+#           [--nokaslr] [--abi ABI] [--extra-qmp SOCKET] [--workloads a,b]
 #   boot.sh stop PID
 #
 # --abi picks the kernel (default $KERNEL_ABI, else fetch.sh's first; `fetch.sh --list`).
@@ -28,7 +28,7 @@ if [[ ${1:-} == stop ]]; then  # the example guest's stop: SIGTERM, then SIGKILL
     exec "$HERE/../guest/boot.sh" "$@"
 fi
 
-qmp='' extra_qmp='' gdb='' smp=2 serial='' timeout=120 kaslr='' abi=''
+qmp='' extra_qmp='' gdb='' smp=2 serial='' timeout=120 kaslr='' abi='' workloads=''
 while [[ $# -gt 0 ]]; do
     case $1 in
         --qmp) qmp=${2:?--qmp needs a value}; shift 2 ;;
@@ -39,6 +39,7 @@ while [[ $# -gt 0 ]]; do
         --timeout) timeout=${2:?--timeout needs a value}; shift 2 ;;
         --nokaslr) kaslr=nokaslr; shift ;;
         --abi) abi=${2:?--abi needs a value}; shift 2 ;;
+        --workloads) workloads=${2:?--workloads needs a value}; shift 2 ;;
         -h|--help) sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
         *) die "unknown argument '$1'" ;;
     esac
@@ -46,6 +47,7 @@ done
 [[ -n $qmp ]] || die "--qmp SOCKET is required"
 [[ $smp =~ ^[1-9][0-9]*$ ]] || die "--smp must be a positive integer"
 [[ $timeout =~ ^[1-9][0-9]*$ ]] || die "--timeout must be a positive integer (seconds)"
+[[ $workloads =~ ^[a-z,]*$ ]] || die "--workloads takes names like crunch,sleeper"
 command -v "$QEMU" >/dev/null || die "$QEMU not found"
 qmp=$(realpath -m -- "$qmp")
 gdb_device=''
@@ -70,7 +72,7 @@ pidfile=$(mktemp "${TMPDIR:-/tmp}/qmpprof-linux.XXXXXX")
 trap 'rm -f "$pidfile"' EXIT
 args=(-accel tcg -display none -no-reboot -m "$MEMORY" -smp "$smp" -name qmpprof-linux
       -kernel "${kernel[vmlinuz]}" -initrd "$HERE/build/initramfs.cpio"
-      -append "console=ttyS0 quiet panic=-1 $kaslr"
+      -append "console=ttyS0 quiet panic=-1 $kaslr${workloads:+ qmpprof.workloads=$workloads}"
       -serial "file:$serial" -qmp "unix:$qmp,server=on,wait=off"
       -daemonize -pidfile "$pidfile")
 [[ -n $gdb_device ]] && args+=(-gdb "$gdb_device")
