@@ -146,7 +146,7 @@ class Capturer:
     async def _prefetched(self, raw: RawSample) -> RawSample:
         windows = list(raw.windows)
         for address in self._needed.get(raw.vcpu, ()):
-            if not any(w.base <= address < w.base + len(w.data) for w in windows):
+            if not any(w.base <= address < w.end for w in windows):
                 window = await self._window_at(raw.vcpu, address)
                 if window is not None:
                     windows.append(window)

@@ -48,8 +48,6 @@ _DIRECT_BASES = {_DX: 1, _DI: 5, _BP: r.RBP, _SP: r.RSP, _R10: 10, _R13: 13}
 #: DWARF register number.
 PT_REGS = {15: 0, 14: 8, 13: 16, 12: 24, 6: 32, 3: 40, 11: 48, 10: 56, 9: 64, 8: 72}
 PT_REGS |= {0: 80, 2: 88, 1: 96, 4: 104, 5: 112, r.RIP: 128, r.RSP: 152}
-#: The hardware's iret frame (ip, cs, flags, sp, ss) is the end of pt_regs.
-IRET_FRAME_OFFSET = PT_REGS[r.RIP]
 
 
 class Layout(Enum):

@@ -118,10 +118,13 @@ def _step(
     row = None
     if cfi is not None and strategy is not Strategy.FP:
         row = cfi.row_for(pc if exact else pc - 1)
-    if row is not None and leaf and _ends_stack(row) and cfi is not None and code is not None:
-        caller = _called_function_entry(regs, memory, cfi, code)
-        if caller is not None:
-            return caller, False, Recovery.FRAME_POINTER
+    if (
+        row is not None
+        and leaf
+        and _ends_stack(row)
+        and _entered_by_a_call(regs, memory, cfi, code)
+    ):
+        return _fp_step(regs, leaf, memory, code, True), False, Recovery.FRAME_POINTER
     if row is not None:
         return _cfi_step(row, regs, memory), row.signal_frame, Recovery.CFI
     if strategy is Strategy.CFI:
@@ -134,26 +137,25 @@ def _ends_stack(row: UnwindRow) -> bool:
     return any(n == RIP and isinstance(rule, Undefined) for n, rule in row.rules)
 
 
-def _called_function_entry(
-    regs: list[int | None], memory: MemoryReader, cfi: CfiLookup, code: MemoryReader
-) -> list[int | None] | None:
+def _entered_by_a_call(
+    regs: list[int | None],
+    memory: MemoryReader,
+    cfi: CfiLookup | None,
+    code: MemoryReader | None,
+) -> bool:
     """A leaf at a function's first instruction that the table calls the end of the
     stack (6.1 marks its retpoline thunks so) but that a call reached: the return
-    address at RSP follows a call instruction. The caller's registers, else None."""
+    address at RSP follows a call instruction."""
     pc, rsp = regs[RIP], regs[RSP]
-    if pc is None or rsp is None or not cfi.starts_function(pc):
-        return None
+    if cfi is None or code is None or pc is None or rsp is None:
+        return False
+    if not cfi.starts_function(pc):
+        return False
     try:
         return_address = memory.read_u64(rsp)
     except MemoryFault:
-        return None
-    if not follows_call(code, return_address):
-        return None
-    caller: list[int | None] = [None] * REGISTER_COUNT
-    caller[RIP], caller[RSP] = return_address, rsp + 8
-    for register in (3, 6, 12, 13, 14, 15):
-        caller[register] = regs[register]
-    return caller
+        return False
+    return bool(follows_call(code, return_address))
 
 
 def _at_system_call_edge(regs: list[int | None]) -> bool:

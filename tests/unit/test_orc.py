@@ -146,6 +146,14 @@ def _first(name: str, objtool_text: str) -> OrcEntry:
     return _entry(kernel, row)
 
 
+def _register_frame(name: str, kind: str, sp: str) -> OrcEntry:
+    """The first entry of `name`'s data that objtool prints as a `kind` frame (`regs`,
+    `regs (partial)`) with the caller's stack at `sp`, in that kernel's line layout."""
+    if "6.1." in name:
+        return _first(name, f"sp:{sp} bp:(und) type:{kind} end")
+    return _first(name, f"type:{kind} sp:{sp} ")
+
+
 def _registers(**values: int) -> list[int | None]:
     regs: list[int | None] = [None] * REGISTER_COUNT
     names = {"rsp": RSP, "rbp": RBP, "rip": RIP, "rbx": 3}
@@ -188,11 +196,7 @@ def test_a_frame_based_on_rbp_restores_rbp_from_the_previous_stack(name: str) ->
 
 @pytest.mark.parametrize("name", KERNELS)
 def test_a_full_register_frame_gives_the_interrupted_user_registers(name: str) -> None:
-    row = entry_row(
-        _first(name, "sp:sp+0 bp:(und) type:regs end")
-        if "6.1." in name
-        else _first(name, "type:regs sp:sp+0")
-    )
+    row = entry_row(_register_frame(name, "regs", "sp+0"))
     assert row is not None and row.signal_frame
     pt_regs = STACK + 0x100
     words = {pt_regs + PT_REGS[RIP]: USER_PC, pt_regs + PT_REGS[RSP]: USER_SP}
@@ -208,11 +212,7 @@ def test_a_full_register_frame_gives_the_interrupted_user_registers(name: str) -
 
 @pytest.mark.parametrize("name", KERNELS)
 def test_an_iret_frame_gives_pc_and_stack_and_keeps_the_rest(name: str) -> None:
-    row = entry_row(
-        _first(name, "sp:sp+8 bp:(und) type:regs (partial)")
-        if "6.1." in name
-        else _first(name, "type:regs (partial) sp:sp+8")
-    )
+    row = entry_row(_register_frame(name, "regs (partial)", "sp+8"))
     assert row is not None and row.signal_frame
     iret = STACK + 0x108  # the hardware's frame, above an error code
     memory = _memory({iret: USER_PC, iret + 24: USER_SP})
