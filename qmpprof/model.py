@@ -277,6 +277,24 @@ class KernelModule:
 
 
 @dataclass(frozen=True)
+class FileMapping:
+    """One executable file mapping of a guest process, as its kernel's memory map says:
+    guest addresses [start, end) hold the file's bytes from `offset` on. `path` is the
+    guest's name for the file (absolute, as /proc/PID/maps prints it; guest text, never
+    trusted); `build_id` is the GNU build-id the guest's copy of the ELF carries, read
+    from guest memory (None: no note, or not readable)."""
+
+    start: int
+    end: int
+    offset: int
+    path: str
+    build_id: bytes | None = None
+
+    def contains(self, address: int) -> bool:
+        return self.start <= address < self.end
+
+
+@dataclass(frozen=True)
 class Recording:
     """What a profile was recorded from and how: titles, periods and file headers."""
 

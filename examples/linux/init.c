@@ -1,8 +1,8 @@
 /* The Linux example guest's init (PID 1), static, in the initramfs.
  *
  * Says on the console where the kernel put its divide-error handler (the tests'
- * oracle for qmpprof's KASLR slide, from /proc/kallsyms), starts the workloads, says
- * it is ready, then reaps children forever (PID 1 must not exit).
+ * oracle for qmpprof's KASLR slide, from /proc/kallsyms), starts the workloads (saying
+ * each one's /proc/PID/maps), says it is ready, then reaps children forever (PID 1 must not exit).
  *
  * Each workload is its own static non-PIE program in /bin (workloads/NAME.c, built by the
  * Makefile), so `qmpprof --user build/NAME` and GDB's add-symbol-file find its code at
@@ -29,6 +29,27 @@
 
 static const char *const WORKLOADS[] = {"crunch", "crunchnofp", "sysloop", "pinned", "sleeper"};
 
+/* Once `pid` runs its program (its /proc/PID/exe is no longer init's), says each line of
+ * its /proc/PID/maps as "qmpprof-linux: maps PID LINE": the tests' oracle for the memory
+ * map qmpprof reads from the kernel's VMAs. Waits at most 5 s for the exec. */
+static void say_maps(pid_t pid, const char *path) {
+    char name[64], target[128], line[512];
+    snprintf(name, sizeof name, "/proc/%d/exe", (int)pid);
+    for (int tries = 0; tries < 500; tries++) {
+        ssize_t length = readlink(name, target, sizeof target - 1);
+        if (length > 0 && (size_t)length == strlen(path) && memcmp(target, path, length) == 0)
+            break;
+        usleep(10000);
+    }
+    snprintf(name, sizeof name, "/proc/%d/maps", (int)pid);
+    FILE *maps = fopen(name, "r");
+    if (maps == NULL)
+        return;
+    while (fgets(line, sizeof line, maps) != NULL)
+        dprintf(1, "qmpprof-linux: maps %d %s", (int)pid, line);
+    fclose(maps);
+}
+
 static void start(const char *name) {
     char path[64];
     snprintf(path, sizeof path, "/bin/%s", name);
@@ -39,10 +60,12 @@ static void start(const char *name) {
         dprintf(2, "init: cannot run %s\n", path);
         _exit(127);
     }
-    if (pid < 0)
+    if (pid < 0) {
         dprintf(2, "init: fork for %s failed\n", name);
-    else
-        dprintf(1, "qmpprof-linux: started %s pid %d\n", name, (int)pid);
+        return;
+    }
+    dprintf(1, "qmpprof-linux: started %s pid %d\n", name, (int)pid);
+    say_maps(pid, path);
 }
 
 static void say(const char *text) {

@@ -122,6 +122,13 @@ def text_aliases(elf: Path) -> dict[str, str]:
     return {name: min(names) for names in by_address.values() for name in names}
 
 
+# GCC's clones and split-off parts (`fsnotify_perm.part.0`, `foo.constprop.0.isra.0`,
+# `foo.cold`) keep their own symbol, which qmpprof and perf print; GDB prints the
+# function's DWARF name (`fsnotify_perm`) when the frame has inline or scope info. Both
+# name the same source function.
+GCC_CLONE = re.compile(r"(?:\.(?:part|isra|constprop|cold|lto_priv|localalias)(?:\.\d+)?)+$")
+
+
 @dataclass(frozen=True)
 class Aliases:
     kernel: dict[str, str]
@@ -133,8 +140,10 @@ class Aliases:
         return cls(text_aliases(vmlinux), programs)
 
     def name(self, address: int, function: str | None, comm: str) -> str | None:
+        if not function:
+            return function
         table = self.kernel if address >= KERNEL_HALF else self.programs.get(comm, {})
-        return table.get(function, function) if function else function
+        return GCC_CLONE.sub("", table.get(function, function))
 
     def gdb(self, frames: list[GdbFrame], comm: str) -> list[GdbFrame]:
         return [replace(f, function=self.name(f.address, f.function, comm)) for f in frames]
