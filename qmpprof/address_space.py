@@ -15,8 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from qmpprof.errors import MemoryFault
-from qmpprof.model import KERNEL_HALF, KernelModule
-from qmpprof.modules import Module, unread_module
+from qmpprof.model import KERNEL_HALF, FileMapping, KernelModule, MappedFile
+from qmpprof.modules import Module, unread_file, unread_module
 from qmpprof.symbols.elf import SymbolTable
 from qmpprof.unwind.callsite import follows_call
 from qmpprof.unwind.rules import UnwindRow
@@ -33,6 +33,9 @@ class Mapping:
     start: int
     end: int
     bias: int = 0
+    #: The process map's entry that put the file exactly at [start, end); None for a
+    #: range assumed for it (the upper or lower half, a kernel module's text).
+    source: FileMapping | None = None
 
     def contains(self, address: int) -> bool:
         return self.start <= address < self.end
@@ -92,6 +95,28 @@ def user_mapping(user: Module, bias: int = 0, taken: Mapping | None = None) -> l
     return [Mapping(user, start, end, bias) for start, end in parts if start < end]
 
 
+def file_mappings(
+    maps: Iterable[FileMapping], module_for: abc.Callable[[FileMapping], Module | None]
+) -> list[Mapping]:
+    """A process's executable file mappings, each with the host copy `module_for` finds
+    (placed so that the file offset the mapping starts at lands on its start), or, with
+    none, a module that knows only the file's name (`unread_file`). Mappings outside the
+    lower half, empty, or overlapping one before them are left out: guest data is
+    hostile."""
+    placed: list[Mapping] = []
+    for found in sorted(maps, key=lambda m: m.start):
+        if not 0 <= found.start < found.end <= KERNEL_HALF:
+            continue
+        if placed and placed[-1].end > found.start:
+            continue
+        module = module_for(found)
+        link = module.file_address_of_offset(found.offset) if module is not None else None
+        if module is None or link is None:
+            module, link = unread_file(found), found.offset
+        placed.append(Mapping(module, found.start, found.end, found.start - link, found))
+    return placed
+
+
 class AddressSpace:
     """The mappings one sample can run in, found by address (they must not overlap).
 
@@ -139,6 +164,13 @@ class AddressSpace:
         """The symbols of the module mapped at `address` and its bias (SymbolSource)."""
         mapping = self.mapping_at(address)
         return (mapping.module.symbols, mapping.bias) if mapping is not None else None
+
+    def file_at(self, address: int) -> MappedFile | None:
+        """The file a process map puts at `address` (SymbolSource)."""
+        mapping = self.mapping_at(address)
+        if mapping is None or mapping.source is None:
+            return None
+        return MappedFile(mapping.module.name, mapping.file_address(address), mapping.source)
 
 
 class ModuleCode:

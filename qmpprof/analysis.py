@@ -18,7 +18,13 @@ from __future__ import annotations
 from collections import abc
 from dataclasses import dataclass
 
-from qmpprof.address_space import AddressSpace, Mapping, kernel_mappings, user_mapping
+from qmpprof.address_space import (
+    AddressSpace,
+    Mapping,
+    file_mappings,
+    kernel_mappings,
+    user_mapping,
+)
 from qmpprof.defaults import DEFAULT_MAX_DEPTH
 from qmpprof.errors import MemoryFault
 from qmpprof.guest.adapter import GenericAdapter, OsAdapter
@@ -27,6 +33,7 @@ from qmpprof.memory import WindowMemory
 from qmpprof.model import (
     KERNEL_HALF,
     CapturedSample,
+    FileMapping,
     FrameAddress,
     FrameKind,
     KernelModule,
@@ -43,6 +50,11 @@ from qmpprof.modules import Module
 from qmpprof.symbols.symbolizer import Symbolizer
 from qmpprof.unwind.rules import RIP
 from qmpprof.unwind.unwinder import FIRST_CODE_ADDRESS, Strategy, dwarf_registers, unwind
+from qmpprof.user_files import UserFiles
+
+#: Address spaces kept built: one per process map seen (a guest forking busily makes
+#: many); past this many they are built again.
+MAX_ADDRESS_SPACES = 256
 
 
 @dataclass(frozen=True)
@@ -66,16 +78,19 @@ class Analyzer:
         strategy: Strategy = Strategy.AUTO,
         max_depth: int = DEFAULT_MAX_DEPTH,
         biases: abc.Mapping[str, int] | None = None,
+        files: UserFiles | None = None,
     ) -> None:
         """`biases`: the load bias of each module (by name) not running at its link
-        address (a KASLR kernel, a PIE program); zero for the others."""
+        address (a KASLR kernel, a PIE program); zero for the others. `files`: where the
+        host copies of the files in a sample's process map are found (--sysroot)."""
         self.kernel = kernel
         self.users = dict(users or {})
         self.adapter: OsAdapter = adapter or GenericAdapter()
         self.strategy = strategy
         self.max_depth = max_depth
         self.biases = dict(biases or {})
-        self._spaces: dict[str | None, tuple[AddressSpace, Symbolizer]] = {}
+        self.files = files or UserFiles()
+        self._spaces: dict[object, tuple[AddressSpace, Symbolizer]] = {}
         self.kernel_modules: tuple[KernelModule, ...] = ()
         self.kernel_module_files: dict[str, Module] = {}
 
@@ -131,19 +146,28 @@ class Analyzer:
         return self.kernel is not None and len(self.kernel.symbols) > 0
 
     def _space_and_symbolizer(self, raw: RawSample) -> tuple[AddressSpace, Symbolizer]:
+        """The address space `raw` ran in: its process map's files when it has one, else
+        the user binary identified for it (by name), over the kernel's mappings."""
         name = raw.user_module if raw.user_module in self.users else None
-        if name not in self._spaces:
-            mappings = self._mappings(self.users.get(name or ""))
+        key: object = raw.file_maps if raw.file_maps is not None else name
+        if key not in self._spaces:
+            if len(self._spaces) >= MAX_ADDRESS_SPACES:
+                self._spaces.clear()
+            mappings = self._mappings(self.users.get(name or ""), raw.file_maps)
             space = AddressSpace(mappings, use_orc=self.strategy is Strategy.AUTO)
-            self._spaces[name] = (space, Symbolizer(space))
-        return self._spaces[name]
+            self._spaces[key] = (space, Symbolizer(space))
+        return self._spaces[key]
 
-    def _mappings(self, user: Module | None) -> list[Mapping]:
+    def _mappings(
+        self, user: Module | None, file_maps: tuple[FileMapping, ...] | None
+    ) -> list[Mapping]:
         kernel: list[Mapping] = []
         if self.kernel is not None:
             kernel = kernel_mappings(
                 self.kernel, self.kernel_bias, self.kernel_modules, self.kernel_module_files
             )
+        if file_maps is not None:
+            return [*kernel, *file_mappings(file_maps, self.files.module_for)]
         low = next((m for m in kernel if m.module is self.kernel), None)
         users = user_mapping(user, self.biases.get(user.name, 0), low) if user else []
         return [*kernel, *users]

@@ -174,6 +174,14 @@ def _add_binary_arguments(parser: argparse.ArgumentParser) -> None:
         "without one a module's code shows as [NAME]+offset; repeatable",
     )
     add(
+        "--sysroot",
+        type=Path,
+        metavar="DIR",
+        help="the guest's files on this host, at their guest paths (DIR/lib/.../libc.so.6; "
+        "debug files in DIR/usr/lib/debug/.build-id): a Linux guest's programs and shared "
+        "libraries, each used only if its build-id is the guest's copy's",
+    )
+    add(
         "--user-dir",
         type=Path,
         action="append",
@@ -324,6 +332,7 @@ def _target_options(args: argparse.Namespace) -> TargetOptions:
         kernel=args.kernel,
         user_dirs=tuple(args.user_dir),
         user_files=tuple(args.user),
+        sysroot=args.sysroot,
         module_dirs=tuple(args.module_dir),
         memory=getattr(args, "memory", "auto"),
         mem_path=getattr(args, "mem_path", None),

@@ -151,12 +151,41 @@ IDLE_CONTEXT = Process(None, "[idle]")
 
 
 @dataclass(frozen=True)
+class FileMapping:
+    """One executable file mapping of a guest process, as its kernel's memory map says:
+    guest addresses [start, end) hold the file's bytes from `offset` on. `path` is the
+    guest's name for the file (absolute, as /proc/PID/maps prints it; guest text, never
+    trusted); `build_id` is the GNU build-id the guest's copy of the ELF carries, read
+    from guest memory (None: no note, or not readable)."""
+
+    start: int
+    end: int
+    offset: int
+    path: str
+    build_id: bytes | None = None
+
+    def contains(self, address: int) -> bool:
+        return self.start <= address < self.end
+
+
+@dataclass(frozen=True)
+class MappedFile:
+    """Where a guest address lies in a file a process map names: the file's name, the
+    file (link) address there, and the map's entry."""
+
+    name: str
+    file_address: int
+    mapping: FileMapping
+
+
+@dataclass(frozen=True)
 class RawSample:
     """What one tick captured from one vCPU: its registers and every window of its memory
     read to unwind it and name its process. `error` says why a part is missing.
 
     `user_module` names the user ELF identified in this address space (by the hash of
-    its .text read from guest memory), if any.
+    its .text read from guest memory), if any. `file_maps` are the executable file
+    mappings of its process, as its kernel's memory map said (None: not read).
     """
 
     time: float
@@ -164,6 +193,7 @@ class RawSample:
     windows: tuple[MemoryWindow, ...] = ()
     user_module: str | None = None
     error: str | None = None
+    file_maps: tuple[FileMapping, ...] | None = None
 
     @property
     def vcpu(self) -> int:
@@ -217,19 +247,25 @@ class Unsymbolized:
 
 @dataclass(frozen=True)
 class Frame:
-    """A symbolized frame. `function` is None when no symbol covers the address."""
+    """A symbolized frame. `function` is None when no symbol covers the address; then
+    `offset` is its file address in `module`, the file mapped there (if any)."""
 
     address: FrameAddress
     function: str | None
     offset: int
     module: str | None
+    #: The process map's entry for the file holding it (None outside such files).
+    mapping: FileMapping | None = None
 
     @property
     def is_kernel(self) -> bool:
         return is_kernel_address(self.address.address)
 
     def label(self) -> str:
-        """The name used in profiles: the function, or the raw address when unknown."""
+        """The name used in profiles: the function; else the file and the file address
+        (`libc.so.6+0x2f1a0`); else the raw address."""
+        if self.function is None and self.module is not None:
+            return f"{self.module}+{self.offset:#x}"
         if self.function is None:
             return f"{self.address.address:#x}"
         return self.function
@@ -274,24 +310,6 @@ class KernelModule:
     @property
     def end(self) -> int:
         return self.base + self.size
-
-
-@dataclass(frozen=True)
-class FileMapping:
-    """One executable file mapping of a guest process, as its kernel's memory map says:
-    guest addresses [start, end) hold the file's bytes from `offset` on. `path` is the
-    guest's name for the file (absolute, as /proc/PID/maps prints it; guest text, never
-    trusted); `build_id` is the GNU build-id the guest's copy of the ELF carries, read
-    from guest memory (None: no note, or not readable)."""
-
-    start: int
-    end: int
-    offset: int
-    path: str
-    build_id: bytes | None = None
-
-    def contains(self, address: int) -> bool:
-        return self.start <= address < self.end
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from elftools.elf.elffile import ELFFile
 
 from qmpprof.errors import BadElf
 from qmpprof.memory import WindowMemory
-from qmpprof.model import KernelModule, MemoryWindow
+from qmpprof.model import FileMapping, KernelModule, MemoryWindow
 from qmpprof.symbols.elf import Symbol, SymbolTable, read_code_symbols
 from qmpprof.symbols.elf_file import open_elf
 from qmpprof.symbols.image import code_sections
@@ -35,6 +35,15 @@ class TextSection:
 
 
 @dataclass(frozen=True)
+class LoadSegment:
+    """A PT_LOAD program header: `file_size` bytes from file `offset` at `address`."""
+
+    offset: int
+    address: int
+    file_size: int
+
+
+@dataclass(frozen=True)
 class Module:
     """A binary's symbols, CFI and code bytes at file addresses, loaded once."""
 
@@ -51,27 +60,63 @@ class Module:
     extent: tuple[int, int] = (0, 0)
     #: A Linux kernel's own unwind tables (.orc_unwind), preferred to its DWARF CFI.
     orc: OrcTable | None = None
+    #: Its PT_LOAD segments: where a file offset lands once mapped (user files).
+    loads: tuple[LoadSegment, ...] = ()
+    #: The separate debug file its symbols were read from (DIR/.build-id/xx/yyyy.debug).
+    debug_path: Path | None = None
+
+    def file_address_of_offset(self, offset: int) -> int | None:
+        """The file (link) address of the byte at file `offset` once the loader mapped
+        it: what a mapping that starts at that offset starts at, before its bias. None
+        when no PT_LOAD segment holds that offset."""
+        for segment in self.loads:
+            if segment.offset <= offset < segment.offset + max(segment.file_size, 1):
+                return segment.address + offset - segment.offset
+        return None
 
     @property
     def has_code(self) -> bool:
         return self.extent[1] > self.extent[0]
 
 
-def load_module(path: str | Path, name: str | None = None) -> Module:
-    """Load an ELF as a module called `name` (default: the file name). Raises BadElf
-    for a file that is missing, not an x86 ELF, or malformed (checked before the CFI,
-    which opens the file again, reads any of it)."""
+def load_module(path: str | Path, name: str | None = None, debug: Path | None = None) -> Module:
+    """Load an ELF as a module called `name` (default: the file name), with the symbols
+    of its separate `debug` file when that has more (a stripped library's). Raises
+    BadElf for a file that is missing, not an x86 ELF, or malformed (checked before the
+    CFI, which opens the file again, reads any of it)."""
     path = Path(path)
     with open_elf(path) as elf:
-        symbols = SymbolTable(path.name, read_code_symbols(elf))
+        symbols = read_code_symbols(elf)
         sections = code_sections(elf)
         text = text_section(elf)
         build_id = read_build_id(elf)
         extent = _extent(sections)
         orc = read_orc(elf, extent[1])
+        loads = load_segments(elf)
+    if debug is not None:
+        with open_elf(debug) as debug_elf:
+            detailed = read_code_symbols(debug_elf)
+        debug = debug if len(detailed) > len(symbols) else None
+        symbols = detailed if debug is not None else symbols
     cfi = load_cfi(path)
     code = WindowMemory(sections)
-    return Module(name or path.name, path, symbols, cfi, code, text, build_id, extent, orc)
+    table = SymbolTable(path.name, symbols)
+    return Module(
+        name or path.name, path, table, cfi, code, text, build_id, extent, orc, loads, debug
+    )
+
+
+#: More program headers than any real ELF has (ELF allows 65,535).
+MAX_LOAD_SEGMENTS = 64
+
+
+def load_segments(elf: ELFFile) -> tuple[LoadSegment, ...]:
+    """The PT_LOAD segments of an ELF opened by `open_elf`, the first MAX_LOAD_SEGMENTS."""
+    found: list[LoadSegment] = []
+    for segment in elf.iter_segments():
+        if segment["p_type"] == "PT_LOAD" and len(found) < MAX_LOAD_SEGMENTS:
+            found.append(LoadSegment(segment["p_offset"], segment["p_vaddr"], segment["p_filesz"]))
+    return tuple(found)
 
 
 def unread_module(loaded: KernelModule) -> Module:
@@ -82,6 +127,14 @@ def unread_module(loaded: KernelModule) -> Module:
     symbols = SymbolTable(loaded.name, [Symbol(label, 0, loaded.size)])
     empty = WindowMemory(())
     return Module(loaded.name, Path(label), symbols, CfiTable([]), empty, None, None, (0, 0))
+
+
+def unread_file(mapping: FileMapping) -> Module:
+    """A guest file with no host copy: named by its file name, with no symbols, CFI or
+    code (its frames read `NAME+offset`, and unwind by frame pointers)."""
+    name = PurePosixPath(mapping.path).name or mapping.path
+    empty = WindowMemory(())
+    return Module(name, Path(mapping.path), SymbolTable(name, []), CfiTable([]), empty, None)
 
 
 def _extent(sections: list[MemoryWindow]) -> tuple[int, int]:

@@ -14,6 +14,8 @@ from qmpprof.guest.adapter import GenericAdapter, OsAdapter
 from qmpprof.guest.registry import choose_adapter
 from qmpprof.modules import load_module, load_user_modules
 from qmpprof.unwind.unwinder import Strategy
+from qmpprof.user_files import UserFiles
+from qmpprof.visible import visible
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,8 @@ class TargetOptions:
     kernel: Path | None
     user_dirs: tuple[Path, ...] = ()
     user_files: tuple[Path, ...] = ()
+    #: The guest's root file tree on this host (--sysroot).
+    sysroot: Path | None = None
     #: Where a Linux guest's kernel modules' .ko files are (DIR/NAME.ko).
     module_dirs: tuple[Path, ...] = ()
     memory: str = "auto"
@@ -38,10 +42,12 @@ def build_analyzer(options: TargetOptions) -> Analyzer:
     """Load the guest's binaries (raises BadElf) and make the analyzer that uses them."""
     kernel = load_module(options.kernel) if options.kernel is not None else None
     users = load_user_modules(list(options.user_dirs), list(options.user_files))
-    for directory in options.module_dirs:
+    for directory in (*options.module_dirs, *([options.sysroot] if options.sysroot else [])):
         if not directory.is_dir():
             raise BadElf(str(directory), "not a directory")
-    return Analyzer(kernel, users, _adapter(options.kernel), options.unwind, options.max_depth)
+    files = UserFiles(options.sysroot, options.user_dirs, options.user_files)
+    adapter = _adapter(options.kernel)
+    return Analyzer(kernel, users, adapter, options.unwind, options.max_depth, files=files)
 
 
 def cfi_problems(analyzer: Analyzer, compile_all: bool) -> list[str]:
@@ -63,6 +69,21 @@ def module_files(analyzer: Analyzer) -> dict[str, tuple[Path, int]]:
 def _adapter(kernel: Path | None) -> OsAdapter:
     """The OS adapter the kernel ELF calls for; the generic one when none applies."""
     return choose_adapter(kernel) if kernel is not None else GenericAdapter()
+
+
+def file_problems(analyzer: Analyzer) -> list[str]:
+    """One line per guest file whose host copy was found but not used (another build),
+    or could not be read."""
+    files = analyzer.files
+    lines = [
+        f"{visible(path)}: not used: {visible(m.describe())}"
+        for path, m in sorted(files.mismatches.items())
+    ]
+    lines += [
+        f"{visible(str(path))}: unreadable: {visible(why)}"
+        for path, why in files.unreadable.items()
+    ]
+    return lines
 
 
 def say_on_stderr(line: str) -> None:

@@ -21,7 +21,12 @@ from qmpprof.commands.collect import (
     raise_for_failures,
     show_written,
 )
-from qmpprof.commands.common import TargetOptions, build_analyzer, cfi_problems
+from qmpprof.commands.common import (
+    TargetOptions,
+    build_analyzer,
+    cfi_problems,
+    file_problems,
+)
 from qmpprof.commands.connect import connected
 from qmpprof.console import Console, say
 from qmpprof.console.progress import RecordProgress
@@ -185,7 +190,7 @@ def _finish(
             collector.profile,
             stats,
             out,
-            cfi_problems(collector.analyzer, False),
+            [*cfi_problems(collector.analyzer, False), *file_problems(collector.analyzer)],
             kernel=_placement(collector.analyzer),
         )
     raise_for_failures(written)

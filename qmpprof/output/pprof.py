@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from qmpprof.model import Frame, Recording, Sample
+from qmpprof.model import FileMapping, Frame, Recording, Sample
 from qmpprof.profile import Scope, counted
 
 _VARINT, _LENGTH = 0, 2
@@ -81,11 +81,14 @@ def packed_field(number: int, values: Iterable[int]) -> bytes:
 
 @dataclass
 class _Mapping:
-    """One module's mapping: its id and the lowest and highest address seen in it."""
+    """One module's mapping: its id and the lowest and highest address seen in it; or,
+    for a file a process map placed (`file`), that map entry's range, offset and
+    build-id, so that pprof's tools can find the file again."""
 
     id: int
     low: int
     high: int
+    file: FileMapping | None = None
 
 
 @dataclass(frozen=True)
@@ -107,9 +110,11 @@ class ProtoProfile:
     def __init__(self, period_ns: int) -> None:
         self.period_ns = period_ns
         self.strings: dict[str, int] = {"": 0}
-        self.mappings: dict[str, _Mapping] = {}
+        #: By module name, or by process map entry (FileMapping).
+        self.mappings: dict[str | FileMapping, _Mapping] = {}
         self.functions: dict[tuple[str, str | None], int] = {}
-        self.locations: dict[tuple[int, str, str | None], tuple[int, int]] = {}
+        #: (address, label, module) -> (location id, function id, mapping id)
+        self.locations: dict[tuple[int, str, str | None], tuple[int, int, int]] = {}
         self.samples: Counter[_SampleKey] = Counter()
 
     def string(self, text: str) -> int:
@@ -129,18 +134,24 @@ class ProtoProfile:
         key = (frame.address.lookup_address, frame.label(), frame.module)
         if key not in self.locations:
             function = self.functions.setdefault(key[1:], len(self.functions) + 1)
-            self.locations[key] = (len(self.locations) + 1, function)
-        self._extend_mapping(frame)
+            mapping = self._extend_mapping(frame)
+            self.locations[key] = (len(self.locations) + 1, function, mapping)
         return self.locations[key][0]
 
-    def _extend_mapping(self, frame: Frame) -> None:
-        if frame.module is None:
-            return
+    def _extend_mapping(self, frame: Frame) -> int:
+        """The id of the mapping `frame` lies in (0: none), grown to hold it."""
         address = frame.address.lookup_address
+        if frame.mapping is not None:
+            file = frame.mapping
+            found = _Mapping(len(self.mappings) + 1, file.start, file.end - 1, file)
+            return self.mappings.setdefault(file, found).id
+        if frame.module is None:
+            return 0
         mapping = self.mappings.setdefault(
             frame.module, _Mapping(len(self.mappings) + 1, address, address)
         )
         mapping.low, mapping.high = min(mapping.low, address), max(mapping.high, address)
+        return mapping.id
 
     def encode(self, recording: Recording) -> bytes:
         """The whole Profile message; the string table goes last, once every string is in."""
@@ -181,22 +192,26 @@ class ProtoProfile:
         message = packed_field(1, key.locations) + packed_field(2, [count, count * self.period_ns])
         return bytes_field(2, message + b"".join(bytes_field(3, label) for label in labels))
 
-    def _mapping(self, name: str, mapping: _Mapping) -> bytes:
+    def _mapping(self, key: str | FileMapping, mapping: _Mapping) -> bytes:
+        file = mapping.file
+        name = file.path if file is not None else str(key)
+        build_id = file.build_id.hex() if file is not None and file.build_id else ""
         message = (
             uint_field(1, mapping.id)
             + uint_field(2, mapping.low)
             + uint_field(3, mapping.high + 1)
+            + uint_field(4, file.offset if file is not None else 0)
             + uint_field(5, self.string(name))
+            + uint_field(6, self.string(build_id))
             + uint_field(7, 1)  # has_functions: the names are already in, do not symbolize
         )
         return bytes_field(3, message)
 
-    def _location(self, key: tuple[int, str, str | None], ids: tuple[int, int]) -> bytes:
-        address, _, module = key
-        mapping = self.mappings[module].id if module is not None else 0
+    def _location(self, key: tuple[int, str, str | None], ids: tuple[int, int, int]) -> bytes:
+        address = key[0]
         line = bytes_field(4, uint_field(1, ids[1]))
         return bytes_field(
-            4, uint_field(1, ids[0]) + uint_field(2, mapping) + uint_field(3, address) + line
+            4, uint_field(1, ids[0]) + uint_field(2, ids[2]) + uint_field(3, address) + line
         )
 
     def _function(self, key: tuple[str, str | None], function_id: int) -> bytes:

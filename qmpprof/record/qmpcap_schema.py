@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from qmpprof.errors import BadRecord
 from qmpprof.model import (
     CapturedSample,
+    FileMapping,
     FrameAddress,
     FrameKind,
     KernelModule,
@@ -42,9 +43,14 @@ MAX_RECORD_BYTES = 4 * 1024 * 1024
 MAX_FRAMES = 65536
 #: Memory windows per record: the stack and a few more (record/capture.py reads up to 4).
 MAX_WINDOWS = 16
+#: Executable file mappings of one process (guest/linux_maps.py reads no more), the
+#: length of a path (PATH_MAX) and of a build-id (modules.MAX_BUILD_ID).
+MAX_FILE_MAPS = 1024
+MAX_PATH = 4096
+MAX_BUILD_ID = 64
 #: JSON arrays and objects in one record line: its frames and windows, and a few more.
 #: Counted before parsing, so that a line of `[[[],[],...]]` never becomes millions of lists.
-MAX_CONTAINERS = MAX_FRAMES + MAX_WINDOWS + 16
+MAX_CONTAINERS = MAX_FRAMES + MAX_WINDOWS + MAX_FILE_MAPS + 16
 #: Named general registers in a record (x86-64 has 18).
 MAX_REGISTERS = 64
 #: Real recordings start after 1970 and before 2286, last less than 30 years, and sample
@@ -102,6 +108,7 @@ def _sample_record(sample: CapturedSample) -> dict[str, Any]:
         },
         "user_module": raw.user_module,
         "error": raw.error,
+        "maps": None if raw.file_maps is None else [_file_mapping(m) for m in raw.file_maps],
         "frames": [[f.address, f.kind.value, f.how.value] for f in frames],
         "stop": stop.value,
         "fault": stack.fault_address,
@@ -109,6 +116,11 @@ def _sample_record(sample: CapturedSample) -> dict[str, Any]:
         if process is None
         else {"pid": process.pid, "name": process.name, "tid": process.tid},
     }
+
+
+def _file_mapping(mapping: FileMapping) -> list[Any]:
+    identity = mapping.build_id.hex() if mapping.build_id is not None else None
+    return [mapping.start, mapping.end, mapping.offset, mapping.path, identity]
 
 
 def _line(record: dict[str, Any]) -> bytes:
@@ -193,6 +205,7 @@ def decode_sample(record: Any) -> CapturedSample:
         windows=fields.get("windows", _windows, ()),
         user_module=fields.get("user_module", _optional(_str), None),
         error=fields.get("error", _optional(_str), None),
+        file_maps=fields.get("maps", _optional(_file_maps), None),
     )
     stack = UnwoundStack(
         frames=fields.get("frames", _frames),
@@ -252,6 +265,20 @@ def _window(value: Any) -> MemoryWindow:
     if _u64(base) + len(data) > U64 + 1:
         raise ValueError("runs past the end of the address space")
     return MemoryWindow(base, data)
+
+
+def _file_maps(value: Any) -> tuple[FileMapping, ...]:
+    return tuple(_file_map(mapping) for mapping in _list(value, MAX_FILE_MAPS))
+
+
+def _file_map(value: Any) -> FileMapping:
+    start, end, offset, path, identity = _tuple(value, 5)
+    if len(_str(path)) > MAX_PATH:
+        raise ValueError("has a path too long")
+    build_id = bytes.fromhex(_str(identity)) if identity is not None else None
+    if build_id is not None and len(build_id) > MAX_BUILD_ID:
+        raise ValueError("has a build-id too long")
+    return FileMapping(_u64(start), _u64(end), _u64(offset), path, build_id)
 
 
 def _process(value: Any) -> Process:

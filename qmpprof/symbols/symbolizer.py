@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from qmpprof.model import Frame, FrameAddress
+from qmpprof.model import FileMapping, Frame, FrameAddress, MappedFile
 from qmpprof.symbols.elf import SymbolTable
 
 
@@ -14,18 +14,23 @@ class SymbolSource(Protocol):
         (guest address = file address + bias); None where no module is mapped."""
         ...
 
+    def file_at(self, address: int) -> MappedFile | None:
+        """The file mapped at `address`, where the guest's own map says so."""
+        ...
+
 
 class Symbolizer:
     """Names frames at guest addresses from the symbols of the modules mapped there."""
 
     def __init__(self, source: SymbolSource) -> None:
         self._source = source
-        self._cache: dict[int, tuple[str | None, int, str | None]] = {}
+        self._cache: dict[int, tuple[str | None, int, str | None, FileMapping | None]] = {}
         # Interned, so the many samples of a recording share their Frame objects.
         self._frames: dict[FrameAddress, Frame] = {}
 
     def symbolize(self, address: FrameAddress) -> Frame:
-        """The frame for `address`; function None (and offset 0) when no symbol covers it."""
+        """The frame for `address`; function None when no symbol covers it (its offset
+        then the file address, in the module mapped there, if any)."""
         frame = self._frames.get(address)
         if frame is None:
             frame = self._frames[address] = self._symbolize(address)
@@ -36,18 +41,19 @@ class Symbolizer:
         found = self._cache.get(key)
         if found is None:
             found = self._cache[key] = self._lookup(key)
-        function, offset, module = found
-        if function is not None:
+        function, offset, module, mapping = found
+        if module is not None:
             offset += address.address - key
-        return Frame(address, function, offset, module)
+        return Frame(address, function, offset, module, mapping)
 
-    def _lookup(self, address: int) -> tuple[str | None, int, str | None]:
+    def _lookup(self, address: int) -> tuple[str | None, int, str | None, FileMapping | None]:
         found = self._source.symbols_at(address)
-        if found is None:
-            return None, 0, None
-        table, bias = found
-        hit = table.lookup(address - bias)
-        if hit is None:
-            return None, 0, None
-        symbol, offset = hit
-        return symbol.name, offset, table.name
+        hit = found[0].lookup(address - found[1]) if found is not None else None
+        in_file = self._source.file_at(address)
+        mapping = in_file.mapping if in_file is not None else None
+        if found is not None and hit is not None:
+            return hit[0].name, hit[1], found[0].name, mapping
+        if in_file is not None:
+            # Which file still says something: `libc.so.6+0x2f1a0` (file address).
+            return None, in_file.file_address, in_file.name, mapping
+        return None, 0, None, None

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
+from qmpprof.model import FileMapping, Frame, FrameAddress, FrameKind, Mode
 from qmpprof.output.pprof import write_pprof
 from qmpprof.profile import Scope
 from tests.consumers.conftest import Outputs
@@ -81,3 +83,32 @@ def test_kernel_only_profile_has_no_user_functions(go: str, tmp_path: Path) -> N
     rows = top(go, path, "-sample_index=samples")
     assert "crunch_loop" not in rows and "_start" not in rows
     assert rows["sys_checksum"] == ("0", "25")
+
+
+LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
+LIBC_BUILD_ID = bytes.fromhex("d1f0a9cbd9ab0c0a3b3a4f4cba9b1e2a8e1f7a55")
+
+
+def test_a_process_maps_files_carry_their_path_range_offset_and_build_id(
+    go: str, tmp_path: Path
+) -> None:
+    """A Linux process's libc frames: one named, one only `file+offset`; pprof's mapping
+    says where the file was, from which offset, and which build it was."""
+    libc = FileMapping(0x7F00_0002_8000, 0x7F00_001B_D000, 0x28000, LIBC, LIBC_BUILD_ID)
+    qsort = Frame(
+        FrameAddress(libc.start + 0x1234, FrameKind.INSTRUCTION), "qsort", 4, "libc.so.6", libc
+    )
+    unnamed = Frame(
+        FrameAddress(libc.start + 0x5678, FrameKind.RETURN), None, 0x2D678, "libc.so.6", libc
+    )
+    main = Frame(FrameAddress(0x5555_5555_5123, FrameKind.RETURN), "main", 3, "dynwork")
+    sample = realistic_samples()[0]
+    samples = [replace(sample, mode=Mode.USER, frames=(qsort, unnamed, main))] * 3
+    path = tmp_path / "libc.pb.gz"
+    write_pprof(samples, RECORDING, path)
+    assert top(go, path, "-sample_index=samples")["qsort"] == ("3", "3")
+    assert top(go, path, "-sample_index=samples")["libc.so.6+0x2d678"] == ("0", "3")
+    raw = pprof(go, "-raw", str(path))
+    mapping = next(line for line in raw.splitlines() if LIBC in line)
+    assert mapping.split()[:2] == ["1:", f"{libc.start:#x}/{libc.end:#x}/{libc.offset:#x}"]
+    assert LIBC_BUILD_ID.hex() in mapping

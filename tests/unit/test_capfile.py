@@ -23,6 +23,7 @@ import pytest
 from qmpprof.errors import BadCapture, OutputError
 from qmpprof.model import (
     CapturedSample,
+    FileMapping,
     FrameAddress,
     FrameKind,
     MemoryWindow,
@@ -34,9 +35,11 @@ from qmpprof.model import (
     StopReason,
     UnwoundStack,
 )
+from qmpprof.modules import read_build_id
 from qmpprof.record.qmpcap import CaptureWriter, read_capture
 from qmpprof.record.qmpcap_schema import MAX_RECORD_BYTES, encode_header, encode_sample
 from qmpprof.symbols.elf import load_symbols
+from qmpprof.symbols.elf_file import open_elf
 from qmpprof.target.registers import parse_all
 
 DATA = Path(__file__).parent / "data"
@@ -65,12 +68,34 @@ def real_samples(elf: Path, count: int) -> list[CapturedSample]:
             *(FrameAddress(s.address + 4, FrameKind.RETURN, Recovery.CFI) for s in callers if s),
         )
         window = MemoryWindow(regs.rsp, image[index * 16 : index * 16 + 64 + index % 97])
-        raw = RawSample(1_700_000_000.0 + index / 99, regs, (window,) if index % 3 else ())
+        raw = RawSample(
+            1_700_000_000.0 + index / 99,
+            regs,
+            (window,) if index % 3 else (),
+            file_maps=file_maps(index, elf),
+        )
         stop = list(StopReason)[index % len(StopReason)]
         fault = regs.rsp if stop is StopReason.FAULT else None
         process = None if index % 5 == 0 else Process(index % 7 or None, f"proc\x1b[{index}")
         samples.append(CapturedSample(raw, UnwoundStack(frames, stop, fault), process))
     return samples
+
+
+def file_maps(index: int, elf: Path) -> tuple[FileMapping, ...] | None:
+    """A process map for most samples: none read, an empty one, or the ELF at a random-
+    looking base (with its real build-id, or none) beside a guest path of hostile text."""
+    if index % 4 == 0:
+        return None
+    base = 0x5555_5555_0000 + index * 0x1000
+    build_id = read_build_id_of(elf) if index % 2 else None
+    program = FileMapping(base, base + 0x3000, 0x1000, str(elf), build_id)
+    odd = FileMapping(base + 0x10000, base + 0x11000, 0, f"/lib/\x1b[31m{index}\n.so", None)
+    return () if index % 4 == 2 else (program, odd)
+
+
+def read_build_id_of(elf: Path) -> bytes | None:
+    with open_elf(elf) as opened:
+        return read_build_id(opened)
 
 
 def write_capture(path: Path, samples: list[CapturedSample], per_member: int) -> list[int]:

@@ -8,7 +8,7 @@ import pytest
 
 from qmpprof.errors import BadElf
 from qmpprof.guest.example import ExampleGuestAdapter
-from qmpprof.model import FrameAddress, FrameKind
+from qmpprof.model import FrameAddress, FrameKind, MappedFile
 from qmpprof.modules import load_module
 from qmpprof.symbols.elf import SymbolTable, collector_paused, load_symbols
 from qmpprof.symbols.symbolizer import Symbolizer
@@ -62,6 +62,9 @@ class Unbiased:
 
     def symbols_at(self, address: int) -> tuple[SymbolTable, int] | None:
         return self.table, 0
+
+    def file_at(self, address: int) -> MappedFile | None:
+        return None
 
 
 def test_return_address_names_the_calling_function(symbols_elf: Path) -> None:

@@ -1,0 +1,136 @@
+"""The host's copy of each file a guest process maps, found and checked before it is used.
+
+A guest names its files by path (`/lib/x86_64-linux-gnu/libc.so.6`). The host copy is
+looked for as GDB's `set sysroot` and perf's `--symfs` do, under `--sysroot DIR`
+(`DIR/lib/x86_64-linux-gnu/libc.so.6`), then by file name among `--user` files and in
+`--user-dir` directories (`NAME` or `NAME.elf`). A copy is used only when its GNU
+build-id is the one the guest's copy carries: a wrong libc names nothing rather than
+naming frames wrongly, and the mismatch is kept for the summary. A guest file without a
+build-id is matched by name only under `--user`/`--user-dir` (files the user named), never
+from a sysroot. Symbols come from the separate debug file when the sysroot has it
+(`DIR/usr/lib/debug/.build-id/xx/yyyy.debug`).
+
+Guest paths are hostile text: a path that would leave the sysroot (`..`, symbolic links)
+is not followed, and nothing but regular files is opened.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from qmpprof.errors import BadElf
+from qmpprof.model import FileMapping
+from qmpprof.modules import Module, load_module
+
+#: Where Debian (and most distributions) keep separate debug files by build-id.
+DEBUG_BY_BUILD_ID = PurePosixPath("usr/lib/debug/.build-id")
+#: Longest guest path looked up (PATH_MAX).
+MAX_GUEST_PATH = 4096
+#: Files kept loaded: a guest with more distinct files than this loads again.
+MAX_LOADED = 512
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A host file found for a guest file whose build-id differs: not used."""
+
+    guest_path: str
+    host_path: Path
+    guest_build_id: bytes | None
+    host_build_id: bytes | None
+
+    def describe(self) -> str:
+        guest = self.guest_build_id.hex() if self.guest_build_id else "none"
+        host = self.host_build_id.hex() if self.host_build_id else "none"
+        return f"{self.host_path}: build-id {host}, the guest's is {guest}"
+
+
+class UserFiles:
+    """Finds, loads once and checks the host files for guest file mappings."""
+
+    def __init__(
+        self,
+        sysroot: Path | None = None,
+        directories: Iterable[Path] = (),
+        files: Iterable[Path] = (),
+    ) -> None:
+        self.sysroot = sysroot.resolve() if sysroot is not None else None
+        self._directories = tuple(directories)
+        self._named = {_stem(p.name): p for p in files}
+        self._loaded: dict[tuple[str, bytes | None], Module | None] = {}
+        #: By guest path: each file found whose build-id did not match.
+        self.mismatches: dict[str, Mismatch] = {}
+        #: Host files that could not be read as ELF, with why.
+        self.unreadable: dict[Path, str] = {}
+
+    @property
+    def searching(self) -> bool:
+        """Whether there is anywhere to look at all."""
+        return bool(self.sysroot or self._directories or self._named)
+
+    def module_for(self, mapping: FileMapping) -> Module | None:
+        """The checked host copy of the file `mapping` maps, or None."""
+        key = (mapping.path, mapping.build_id)
+        if key not in self._loaded:
+            if len(self._loaded) >= MAX_LOADED:
+                self._loaded.clear()
+            self._loaded[key] = self._find(mapping.path, mapping.build_id)
+        return self._loaded[key]
+
+    def _find(self, guest_path: str, build_id: bytes | None) -> Module | None:
+        for host_path, needs_build_id in self._candidates(guest_path):
+            module = self._load(host_path, build_id)
+            if module is None:
+                continue
+            if build_id is not None and module.build_id == build_id:
+                return module
+            if build_id is None and not needs_build_id:
+                return module
+            self.mismatches[guest_path] = Mismatch(guest_path, host_path, build_id, module.build_id)
+        return None
+
+    def _candidates(self, guest_path: str) -> list[tuple[Path, bool]]:
+        """Host paths to try, each with whether only a build-id match may use it."""
+        if len(guest_path) > MAX_GUEST_PATH or "\0" in guest_path:
+            return []
+        name = PurePosixPath(guest_path).name
+        found = []
+        under_root = self._under_sysroot(guest_path)
+        if under_root is not None:
+            found.append((under_root, True))
+        if _stem(name) in self._named:
+            found.append((self._named[_stem(name)], False))
+        for directory in self._directories if name else ():
+            found += [(directory / name, False), (directory / f"{name}.elf", False)]
+        return [(path, strict) for path, strict in found if path.is_file()]
+
+    def _under_sysroot(self, guest_path: str) -> Path | None:
+        if self.sysroot is None:
+            return None
+        relative = guest_path.lstrip("/")
+        if not relative:
+            return None
+        candidate = Path(os.path.realpath(self.sysroot / relative))
+        return candidate if candidate.is_relative_to(self.sysroot) else None
+
+    def _load(self, host_path: Path, build_id: bytes | None) -> Module | None:
+        try:
+            return load_module(host_path, debug=self._debug_file(build_id))
+        except BadElf as err:
+            self.unreadable[host_path] = str(err)
+            return None
+
+    def _debug_file(self, build_id: bytes | None) -> Path | None:
+        if self.sysroot is None or build_id is None or len(build_id) < 2:
+            return None
+        hex_id = build_id.hex()
+        path = self.sysroot / DEBUG_BY_BUILD_ID / hex_id[:2] / f"{hex_id[2:]}.debug"
+        resolved = Path(os.path.realpath(path))
+        return resolved if resolved.is_relative_to(self.sysroot) and resolved.is_file() else None
+
+
+def _stem(name: str) -> str:
+    return name.removesuffix(".elf")
