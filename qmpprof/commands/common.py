@@ -4,6 +4,7 @@ guest's binaries loaded into an Analyzer (no asyncio here: `report` runs offline
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from qmpprof.defaults import DEFAULT_MAX_DEPTH, DEFAULT_STACK_BYTES
 from qmpprof.errors import BadElf
 from qmpprof.guest.adapter import GenericAdapter, OsAdapter
 from qmpprof.guest.registry import choose_adapter
+from qmpprof.model import FileMapping
 from qmpprof.modules import load_module, load_user_modules
 from qmpprof.unwind.unwinder import Strategy
 from qmpprof.user_files import UserFiles
@@ -64,6 +66,20 @@ def module_files(analyzer: Analyzer) -> dict[str, tuple[Path, int]]:
     """The ELF file and load bias of each module, by the name frames carry (the file
     name)."""
     return {m.symbols.name: (m.path, analyzer.biases.get(m.name, 0)) for m in analyzer.modules}
+
+
+def mapped_sources(analyzer: Analyzer) -> Callable[[FileMapping], tuple[Path, int] | None]:
+    """For a file a process map placed: the host file with its DWARF (the separate debug
+    file if any) and its bias in that process, or None without a usable host copy."""
+
+    def where(mapping: FileMapping) -> tuple[Path, int] | None:
+        module = analyzer.files.module_for(mapping)
+        link = module.file_address_of_offset(mapping.offset) if module is not None else None
+        if module is None or link is None:
+            return None
+        return module.debug_path or module.path, mapping.start - link
+
+    return where
 
 
 def _adapter(kernel: Path | None) -> OsAdapter:

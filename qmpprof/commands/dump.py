@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qmpprof.commands.common import TargetOptions, build_analyzer, module_files
+from qmpprof.commands.common import TargetOptions, build_analyzer, mapped_sources, module_files
 from qmpprof.commands.connect import connected
 from qmpprof.console import Console
 from qmpprof.errors import KernelMismatch, UsageError
@@ -35,7 +35,9 @@ async def run_dump(options: DumpOptions, out: Console) -> None:
     if not captured:
         raise UsageError(f"no vCPU {', '.join(map(str, options.target.cpus))} in this guest")
     samples = [analyzer.symbolize(one) for one in captured]
-    sources = SourceLookup(module_files(analyzer))  # inlined calls are shown by default
+    sources = SourceLookup(
+        module_files(analyzer), mapped_sources(analyzer)
+    )  # inlined calls are shown by default
     if options.as_json:
         out.out(dump_json(samples, sources, options.lines), highlight=False)
     else:

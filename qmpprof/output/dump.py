@@ -101,11 +101,12 @@ def _source_frames(frame: Frame, sources: SourceLookup | None) -> list[SourceFra
     """The frame as source frames, innermost first: its inlined calls, then itself."""
     if sources is None:
         return [SourceFrame(frame.function, None, inlined=False)]
-    return sources.expand(frame.module, frame.function, frame.address.lookup_address)
+    return sources.expand(frame.module, frame.function, frame.address.lookup_address, frame.mapping)
 
 
 def describe_frame(frame: Frame) -> str:
-    """`function+0xoff (module)`, or the bare address when no symbol covers it."""
+    """`function+0xoff (module)`; where no symbol covers it, the file and file address
+    (`libc.so.6+0x2d678`) or the bare address."""
     if frame.function is None:
-        return f"{frame.address.address:#x}"
+        return visible(frame.label())
     return f"{visible(frame.function)}+{frame.offset:#x} ({visible(frame.module or '?')})"

@@ -27,6 +27,7 @@ from elftools.dwarf.die import DIE
 from elftools.dwarf.dwarfinfo import DebugSectionDescriptor
 from elftools.elf.elffile import ELFFile
 
+from qmpprof.model import FileMapping
 from qmpprof.symbols.aranges import ArangeIndex, read_aranges
 from qmpprof.symbols.elf_file import ELF_PARSE_ERRORS
 from qmpprof.symbols.line_program import ProgramShape, decode_rows
@@ -447,23 +448,39 @@ class SourceLookup:
     opened on first use and decoded one CU at a time.
 
     `modules`: each module's ELF file and load bias (guest address = file address +
-    bias, as a KASLR kernel runs), by the name frames carry."""
+    bias, as a KASLR kernel runs), by the name frames carry; `mapped`: the same for a
+    file a process map placed (a shared library, at another bias in each process)."""
 
-    def __init__(self, modules: dict[str, tuple[Path, int]]) -> None:
+    def __init__(
+        self,
+        modules: dict[str, tuple[Path, int]],
+        mapped: Callable[[FileMapping], tuple[Path, int] | None] | None = None,
+    ) -> None:
         self._files = modules
-        self._modules: dict[str, ModuleLines] = {}
+        self._mapped = mapped
+        self._modules: dict[Path, ModuleLines] = {}
 
-    def expand(self, module: str | None, function: str | None, address: int) -> list[SourceFrame]:
+    def expand(
+        self,
+        module: str | None,
+        function: str | None,
+        address: int,
+        mapping: FileMapping | None = None,
+    ) -> list[SourceFrame]:
         """The frame at `address` (a lookup address, in the guest) as source frames,
         innermost first: the inlined functions covering it, then the function itself.
 
         A vCPU stopped at the first instruction of an inlined call is inside it: GDB,
         stopped by an interrupt (as qmpprof stops a VM), lists that call; it hides one
         only when a breakpoint stopped it there."""
-        if module is None or module not in self._files:
+        found = self._mapped(mapping) if mapping is not None and self._mapped else None
+        if found is None and module is not None:
+            found = self._files.get(module)
+        if found is None:
             return [SourceFrame(function, None, inlined=False)]
-        address -= self._files[module][1]
-        table = self._table(module, address)
+        path, bias = found
+        address -= bias
+        table = self._table(path, address)
         line = table.line_for(address)
         calls = table.inlined_at(address)
         frames = []
@@ -473,7 +490,7 @@ class SourceLookup:
         frames.append(SourceFrame(function, line, inlined=False))
         return frames
 
-    def _table(self, module: str, address: int) -> LineTable:
-        if module not in self._modules:
-            self._modules[module] = ModuleLines(self._files[module][0])
-        return self._modules[module].table_for(address)
+    def _table(self, path: Path, address: int) -> LineTable:
+        if path not in self._modules:
+            self._modules[path] = ModuleLines(path)
+        return self._modules[path].table_for(address)

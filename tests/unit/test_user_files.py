@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from qmpprof.address_space import AddressSpace, file_mappings
+from qmpprof.analysis import Analyzer
+from qmpprof.commands.common import mapped_sources
 from qmpprof.model import FileMapping, FrameAddress, FrameKind
+from qmpprof.symbols.lines import SourceLookup
 from qmpprof.symbols.symbolizer import Symbolizer
 from qmpprof.user_files import UserFiles
 from tests.unit.conftest import build_elf
@@ -73,6 +77,13 @@ def sysroot(tmp_path: Path) -> tuple[Path, Path]:
     return root, built
 
 
+def in_sysroot(sysroot: tuple[Path, Path]) -> tuple[UserFiles, FileMapping, Path]:
+    """The sysroot's files, the guest's mapping of the library (the same build), the
+    unstripped library."""
+    root, built = sysroot
+    return UserFiles(sysroot=root), executable_mapping(built, build_id(built)), built
+
+
 def name_at(files: UserFiles, mapping: FileMapping, address: int) -> str:
     space = AddressSpace(file_mappings([mapping], files.module_for))
     return Symbolizer(space).symbolize(FrameAddress(address, FrameKind.INSTRUCTION)).label()
@@ -81,9 +92,7 @@ def name_at(files: UserFiles, mapping: FileMapping, address: int) -> str:
 def test_a_sysroot_file_with_the_guests_build_id_names_its_functions(
     sysroot: tuple[Path, Path],
 ) -> None:
-    root, built = sysroot
-    mapping = executable_mapping(built, build_id(built))
-    files = UserFiles(sysroot=root)
+    files, mapping, built = in_sysroot(sysroot)
     symbols = nm(built)
     for name in ("userlib_exported", "userlib_hidden"):
         assert name_at(files, mapping, BASE + symbols[name] + 1) == name
@@ -143,3 +152,28 @@ def test_a_guest_path_never_leads_out_of_the_sysroot(
     files = UserFiles(sysroot=root)
     mapping = executable_mapping(built, build_id(built))
     assert files.module_for(replace(mapping, path=guest_path)) is None
+
+
+def addr2line(path: Path, address: int) -> list[str]:
+    """The functions binutils' addr2line says hold `address`, innermost first."""
+    command = ["addr2line", "-f", "-i", "-e", str(path), f"{address:#x}"]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    return out.splitlines()[0::2]
+
+
+def mapped_sources_of(files: UserFiles) -> Callable[[FileMapping], tuple[Path, int] | None]:
+    analyzer = Analyzer(files=files)
+    return mapped_sources(analyzer)
+
+
+def test_inlined_calls_in_a_mapped_library_come_from_its_debug_file(
+    sysroot: tuple[Path, Path],
+) -> None:
+    files, mapping, built = in_sysroot(sysroot)
+    start = nm(built)["userlib_exported"]
+    inlined = next(a for a in range(start, start + 0x80) if len(addr2line(built, a)) == 2)
+    assert addr2line(built, inlined) == ["userlib_inlined", "userlib_exported"]
+    lookup = SourceLookup({}, mapped_sources_of(files))
+    found = lookup.expand("libuser.so.1", "userlib_exported", BASE + inlined, mapping)
+    assert [f.function for f in found] == ["userlib_inlined", "userlib_exported"]
+    assert [f.inlined for f in found] == [True, False]
