@@ -85,7 +85,7 @@ guest:  ## build the example guest OS, both variants (the tests unwind both)
 	$(MAKE) -s -C examples/guest
 	$(MAKE) -s -C examples/guest VARIANT=nofp
 
-linux-guest:  ## fetch Debian's kernels (6.1, 6.12) + debug vmlinux once (~/.cache/qmpprof), build the initramfs
+linux-guest:  ## fetch Debian's kernels (6.1, 6.12) + debug vmlinux and libc6 (+ -dbg) once (~/.cache/qmpprof), build the initramfs and sysroot
 	bash examples/linux/fetch.sh --all >/dev/null
 	$(MAKE) -s -C examples/linux
 

@@ -11,7 +11,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BOOT = ROOT / "examples" / "linux" / "boot.sh"
 FETCH = ROOT / "examples" / "linux" / "fetch.sh"
-INITRAMFS = ROOT / "examples" / "linux" / "build" / "initramfs.cpio"
+BUILD = ROOT / "examples" / "linux" / "build"
+INITRAMFS = BUILD / "initramfs.cpio"
+#: The guest's root as the host's tools see it (examples/linux/mksysroot.py): /bin/dynwork,
+#: /usr/lib/x86_64-linux-gnu/libqmpwork.so.1, Debian's libc6 files the guest has
+#: (/lib/x86_64-linux-gnu/{libc.so.6,ld-linux-x86-64.so.2}, /lib64/ld-linux-x86-64.so.2)
+#: and libc6-dbg's /usr/lib/debug/.build-id/xx/yyyy.debug for them.
+SYSROOT = BUILD / "sysroot"
+#: The same with another version of libc6 (the wrong libc), if the archive offered one.
+OTHER_LIBC_SYSROOT = BUILD / "sysroot-other-libc"
+#: What fetch.sh --libc said: libc=DIR version=V other_libc=DIR other_version=V.
+LIBC_ENV = BUILD / "libc.env"
 #: Booting Debian's kernel under TCG on a busy 2-core host, after a first download.
 BOOT_TIMEOUT_S = 900
 
@@ -78,3 +88,24 @@ def initramfs_file(name: str) -> bytes:
             return archive[start : start + size]
         at = start + size + (-size % 4)
     raise AssertionError(f"{name} is not in the initramfs")
+
+
+def guest_sysroot() -> Path:
+    """SYSROOT, which `make -C examples/linux` (and so boot.sh) builds: `qmpprof
+    --sysroot` and GDB's `set sysroot` find every file of dynwork's process there."""
+    if not (SYSROOT / "bin" / "dynwork").is_file():
+        raise AssertionError(f"no {SYSROOT}: run make -C examples/linux")
+    return SYSROOT
+
+
+def other_libc_sysroot() -> Path | None:
+    """OTHER_LIBC_SYSROOT (the files of SYSROOT, but libc6 and libc6-dbg of another
+    version: its libc.so.6 and ld.so have other build-ids), or None when apt offered
+    only one version of libc6."""
+    return OTHER_LIBC_SYSROOT if (OTHER_LIBC_SYSROOT / "bin" / "dynwork").is_file() else None
+
+
+def libc_versions() -> tuple[str, str | None]:
+    """The version of libc6 in SYSROOT (and the guest), and in OTHER_LIBC_SYSROOT."""
+    values = dict(line.split("=", 1) for line in LIBC_ENV.read_text().splitlines() if "=" in line)
+    return values["version"], values.get("other_version") or None

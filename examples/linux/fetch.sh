@@ -6,10 +6,15 @@
 #   fetch.sh [ABI]     ABI defaults to $KERNEL_ABI, else the first of KERNELS (bookworm)
 #   fetch.sh --all     every kernel in KERNELS (the ones the tests boot)
 #   fetch.sh --list    the ABIs in KERNELS, one a line
+#   fetch.sh --libc    Debian's libc6 and libc6-dbg for the guest's user space, extracted
+#                      to ~/.cache/qmpprof/sysroot/libc6_VERSION/ (VERSION: the host's
+#                      libc6 if the archive still has it, else apt's candidate), and a
+#                      second version the archive offers (the tests' wrong libc), if any
 #
 # A kernel only bookworm-backports has (6.12) makes it add that archive to apt's sources
 # once (NotAutomatic there: `apt-get upgrade` still takes nothing from it).
-# Prints, one per line on stdout: vmlinuz=<path> vmlinux=<path> abi=<ABI> per kernel.
+# Prints, one per line on stdout: vmlinuz=<path> vmlinux=<path> abi=<ABI> per kernel;
+# with --libc: libc=<dir> version=<V> other_libc=<dir or empty> other_version=<V or empty>.
 set -euo pipefail
 
 # The kernels the tests boot: bookworm's own 6.1 and bookworm-backports' 6.12.
@@ -87,7 +92,61 @@ fetch() {
     echo "abi=$abi"
 }
 
+# libc_versions: every libc6 version apt's lists know, newest first.
+libc_versions() {
+    apt-cache madison libc6 2>/dev/null | awk -F' [|] ' '$1 ~ /libc6/ {gsub(/ /, "", $2); print $2}'
+}
+
+# libc_tree VERSION: libc6 and libc6-dbg of VERSION, downloaded into the cache once and
+# extracted together (dpkg-deb -x) into one directory laid out as the guest's root.
+libc_tree() {
+    local version=$1 out=$cache/sysroot/libc6_$1 package file
+    if [[ ! -d $out ]]; then
+        mkdir -p "$debs" "$cache/sysroot"
+        rm -rf "$out.part" && mkdir "$out.part"
+        for package in libc6 libc6-dbg; do
+            file=$(compgen -G "$debs/${package}_${version/:/%3a}_*.deb" | head -n 1 || true)
+            if [[ -z $file ]]; then
+                echo "fetch.sh: downloading $package $version into $debs" >&2
+                (cd "$debs" && apt-get download -q "$package=$version" >&2)
+                file=$(compgen -G "$debs/${package}_${version/:/%3a}_*.deb" | head -n 1)
+            fi
+            echo "fetch.sh: extracting $(basename "$file")" >&2
+            dpkg-deb -x "$file" "$out.part"
+        done
+        mv "$out.part" "$out"
+    fi
+    echo "$out"
+}
+
+# libc: the guest's libc (the host's version when the archive has it) and another one.
+libc() {
+    local installed versions version other
+    versions=$(libc_versions)
+    if [[ -z $versions ]]; then
+        echo "fetch.sh: updating the package lists to find libc6" >&2
+        $SUDO apt-get update -qq >&2
+        versions=$(libc_versions)
+    fi
+    [[ -n $versions ]] || { echo "fetch.sh: apt knows no libc6 package" >&2; exit 1; }
+    installed=$(dpkg-query -W -f '${Version}' libc6 2>/dev/null || true)
+    if grep -qxF -- "$installed" <<<"$versions"; then
+        version=$installed
+    else
+        version=$(head -n 1 <<<"$versions")
+    fi
+    other=$(grep -vxF -- "$version" <<<"$versions" | head -n 1 || true)
+    local tree other_tree=''  # assigned apart from `local`: set -e sees a failed download
+    tree=$(libc_tree "$version")
+    [[ -z $other ]] || other_tree=$(libc_tree "$other")
+    echo "libc=$tree"
+    echo "version=$version"
+    echo "other_libc=$other_tree"
+    echo "other_version=$other"
+}
+
 case ${1:-} in
+    --libc) libc ;;
     --list) printf '%s\n' "${KERNELS[@]}" ;;
     --all) for abi in "${KERNELS[@]}"; do fetch "$abi"; done ;;
     *) fetch "${1:-${KERNEL_ABI:-${KERNELS[0]}}}" ;;

@@ -4,9 +4,9 @@
  * oracle for qmpprof's KASLR slide, from /proc/kallsyms), starts the workloads (saying
  * each one's /proc/PID/maps), says it is ready, then reaps children forever (PID 1 must not exit).
  *
- * Each workload is its own static non-PIE program in /bin (workloads/NAME.c, built by the
- * Makefile), so `qmpprof --user build/NAME` and GDB's add-symbol-file find its code at
- * its link address, and its comm is its file name (exec takes it from the path):
+ * Each workload but dynwork is its own static non-PIE program in /bin (workloads/NAME.c,
+ * built by the Makefile), so `qmpprof --user build/NAME` and GDB's add-symbol-file find
+ * its code at its link address, and its comm is its file name (exec takes it from the path):
  *   crunch      CPU-bound, frame pointers:       main -> crunch_loop -> mix
  *   crunchnofp  the same, -O2 -fomit-frame-pointer (only CFI unwinds it)
  *   sysloop     system calls: main -> sysloop_loop -> ask_parent -> getppid,
@@ -14,11 +14,16 @@
  *   pinned      two threads pinned to CPUs 0 and 1:  main -> spin -> churn,
  *               start_thread -> second_thread -> spin -> churn
  *   sleeper     mostly asleep: main -> doze -> nanosleep (20 ms)
+ *   dynwork     a dynamically linked PIE (Debian's ld.so and libc, our libqmpwork.so.1)
+ *               at addresses ASLR picks: main -> dyn_loop -> dyn_sort -> qsort ->
+ *               compare_keys, ... (workloads/dynwork.c); only when --workloads names it
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>
+#include <signal.h>
 #include <sys/mount.h>
+#include <sys/ptrace.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <sys/utsname.h>
@@ -27,20 +32,23 @@
 
 #define READY_LINE "qmpprof-linux: ready\n"
 
-static const char *const WORKLOADS[] = {"crunch", "crunchnofp", "sysloop", "pinned", "sleeper"};
+/* Each workload: whether it runs only when qmpprof.workloads= names it (dynwork: the
+ * other tests' oracles know only the static programs), and whether it stops itself
+ * (SIGSTOP) first thing in main when STOP_IN_MAIN_ENV is in its environment (a
+ * dynamically linked one: ld.so maps its libraries after the exec, see say_maps). */
+static const struct workload {
+    const char *name;
+    int on_request_only, stops_in_main;
+} WORKLOADS[] = {
+    {"crunch", 0, 0}, {"crunchnofp", 0, 0}, {"sysloop", 0, 0},
+    {"pinned", 0, 0}, {"sleeper", 0, 0},    {"dynwork", 1, 1},
+};
+#define STOP_IN_MAIN_ENV "QMPPROF_STOP_IN_MAIN=1"
 
-/* Once `pid` runs its program (its /proc/PID/exe is no longer init's), says each line of
- * its /proc/PID/maps as "qmpprof-linux: maps PID LINE": the tests' oracle for the memory
- * map qmpprof reads from the kernel's VMAs. Waits at most 5 s for the exec. */
-static void say_maps(pid_t pid, const char *path) {
-    char name[64], target[128], line[512];
-    snprintf(name, sizeof name, "/proc/%d/exe", (int)pid);
-    for (int tries = 0; tries < 500; tries++) {
-        ssize_t length = readlink(name, target, sizeof target - 1);
-        if (length > 0 && (size_t)length == strlen(path) && memcmp(target, path, length) == 0)
-            break;
-        usleep(10000);
-    }
+/* Says each line of /proc/PID/maps as "qmpprof-linux: maps PID LINE": the tests' oracle
+ * for the memory map qmpprof reads from the kernel's VMAs. */
+static void print_maps(pid_t pid) {
+    char name[64], line[512];
     snprintf(name, sizeof name, "/proc/%d/maps", (int)pid);
     FILE *maps = fopen(name, "r");
     if (maps == NULL)
@@ -50,12 +58,37 @@ static void say_maps(pid_t pid, const char *path) {
     fclose(maps);
 }
 
-static void start(const char *name) {
+/* Says `pid`'s maps once its program is loaded. The child asked to be traced, so its exec
+ * stops it (SIGTRAP) after the kernel mapped the program and before it runs: a static
+ * program's map is complete there. (Waiting until /proc/PID/exe names the program is not
+ * enough: the kernel sets it before it maps the program, and a map read then held only
+ * [stack].) A dynamically linked one (`stops_in_main`) is let go and stops itself in
+ * main, once ld.so has mapped its libraries; its map is read then and it continues. */
+static void say_maps(pid_t pid, int stops_in_main) {
+    int status;
+    if (waitpid(pid, &status, 0) != pid || !WIFSTOPPED(status))
+        return;  /* the exec failed: the child exited */
+    if (!stops_in_main)
+        print_maps(pid);
+    ptrace(PTRACE_DETACH, pid, NULL, NULL);
+    if (!stops_in_main)
+        return;
+    if (waitpid(pid, &status, WUNTRACED) != pid || !WIFSTOPPED(status))
+        return;
+    print_maps(pid);
+    kill(pid, SIGCONT);
+}
+
+static void start(const struct workload *workload) {
+    const char *name = workload->name;
     char path[64];
     snprintf(path, sizeof path, "/bin/%s", name);
     pid_t pid = fork();
     if (pid == 0) {
-        char *const argv[] = {path, NULL}, *const envp[] = {NULL};
+        char *const argv[] = {path, NULL};
+        char *const envp[] = {workload->stops_in_main ? STOP_IN_MAIN_ENV : NULL, NULL};
+        if (ptrace(PTRACE_TRACEME, 0, NULL, NULL) != 0)
+            dprintf(2, "init: cannot trace %s\n", path);
         execve(path, argv, envp);
         dprintf(2, "init: cannot run %s\n", path);
         _exit(127);
@@ -65,7 +98,7 @@ static void start(const char *name) {
         return;
     }
     dprintf(1, "qmpprof-linux: started %s pid %d\n", name, (int)pid);
-    say_maps(pid, path);
+    say_maps(pid, workload->stops_in_main);
 }
 
 static void say(const char *text) {
@@ -127,9 +160,11 @@ static void load_module(void) {
 }
 
 /* Whether the kernel command line's qmpprof.workloads=a,b,c (boot.sh --workloads) names
- * `name`; with no such parameter every workload runs. Fewer workloads leave the CPUs idle
- * time, which tests of idle and kernel-thread samples need. */
-static int wanted(const char *name) {
+ * the workload; with no such parameter every workload runs but those on request only.
+ * Fewer workloads leave the CPUs idle time, which tests of idle and kernel-thread samples
+ * need. */
+static int wanted(const struct workload *workload) {
+    const char *name = workload->name;
     char cmdline[1024] = "";
     FILE *file = fopen("/proc/cmdline", "r");
     if (file != NULL) {
@@ -139,7 +174,7 @@ static int wanted(const char *name) {
     }
     const char *list = strstr(cmdline, "qmpprof.workloads=");
     if (list == NULL)
-        return 1;
+        return !workload->on_request_only;
     list += strlen("qmpprof.workloads=");
     size_t length = strlen(name);
     for (const char *at = list; *at != '\0' && *at != ' ' && *at != '\n';) {
@@ -157,8 +192,8 @@ int main(void) {
     say_divide_error_handler();
     load_module();
     for (size_t i = 0; i < sizeof WORKLOADS / sizeof WORKLOADS[0]; i++)
-        if (wanted(WORKLOADS[i]))
-            start(WORKLOADS[i]);
+        if (wanted(&WORKLOADS[i]))
+            start(&WORKLOADS[i]);
     say(READY_LINE);
     for (;;)
         if (wait(NULL) < 0)

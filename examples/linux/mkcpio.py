@@ -2,9 +2,11 @@
 """Write an initramfs (newc cpio) holding /init, the workloads in /bin, /dev/console,
 /dev/zero, /dev/null and /proc, without root and without the cpio tool: the archive says
 the owner and the device numbers itself. It also holds /lib/modules/ABI/crc8.ko for each
-kernel whose linux-image .deb is cached (init loads it).
+kernel whose linux-image .deb is cached (init loads it), and with --root DIR every
+directory, file and symbolic link of DIR at the same path (a guest sysroot from
+mksysroot.py: the dynamically linked workload and its libraries), less DIR/usr/lib/debug.
 
-    mkcpio.py OUTPUT INIT [PROGRAM...]
+    mkcpio.py [--root DIR] OUTPUT INIT [PROGRAM...]
 """
 
 import io
@@ -60,8 +62,30 @@ def module_records() -> list[tuple[str, int, bytes, tuple[int, int]]]:
     return records
 
 
-def archive(init: bytes, programs: dict[str, bytes]) -> bytes:
-    """The archive: `programs` go to /bin under their names."""
+#: What --root leaves out: the separate debug files are for the host's tools only.
+HOST_ONLY = "usr/lib/debug"
+
+
+def tree_records(root: Path) -> list[tuple[str, int, bytes, tuple[int, int]]]:
+    """Every directory, regular file and symbolic link under `root` (a symbolic link's
+    data is its target), parents first, without HOST_ONLY."""
+    records = []
+    for path in sorted(root.rglob("*")):
+        name = path.relative_to(root).as_posix()
+        if name == HOST_ONLY or name.startswith(HOST_ONLY + "/"):
+            continue
+        if path.is_symlink():
+            records.append((name, 0o120777, os.readlink(path).encode(), (0, 0)))
+        elif path.is_dir():
+            records.append((name, 0o040755, b"", (0, 0)))
+        elif path.is_file():
+            mode = 0o100755 if os.access(path, os.X_OK) else 0o100644
+            records.append((name, mode, path.read_bytes(), (0, 0)))
+    return records
+
+
+def archive(init: bytes, programs: dict[str, bytes], root: Path | None = None) -> bytes:
+    """The archive: `programs` go to /bin under their names, `root`'s tree to /."""
     records = [
         ("dev", 0o040755, b"", (0, 0)),
         ("dev/console", 0o020600, b"", (5, 1)),
@@ -72,18 +96,27 @@ def archive(init: bytes, programs: dict[str, bytes]) -> bytes:
         ("bin", 0o040755, b"", (0, 0)),
         *((f"bin/{name}", 0o100755, data, (0, 0)) for name, data in sorted(programs.items())),
         *module_records(),
+        *(tree_records(root) if root else []),
     ]
+    first = {}  # a directory both lists name (lib, bin) is written once
+    for record in records:
+        first.setdefault(record[0], record)
+    records = list(first.values())
     numbered = [entry(n, *record) for n, record in enumerate(records, 1)]
     return b"".join(numbered) + entry(len(records) + 1, TRAILER, 0)
 
 
 def main() -> None:
-    if len(sys.argv) < 3:
+    arguments = sys.argv[1:]
+    root = None
+    if arguments[:1] == ["--root"] and len(arguments) > 1:
+        root, arguments = Path(arguments[1]), arguments[2:]
+    if len(arguments) < 2:
         sys.exit(__doc__.strip().splitlines()[-1].strip())
-    output, init = Path(sys.argv[1]), Path(sys.argv[2])
-    programs = {Path(name).name: Path(name).read_bytes() for name in sys.argv[3:]}
+    output, init = Path(arguments[0]), Path(arguments[1])
+    programs = {Path(name).name: Path(name).read_bytes() for name in arguments[2:]}
     temporary = output.with_suffix(".tmp")
-    temporary.write_bytes(archive(init.read_bytes(), programs))
+    temporary.write_bytes(archive(init.read_bytes(), programs, root))
     temporary.replace(output)
 
 

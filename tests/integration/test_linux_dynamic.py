@@ -1,0 +1,173 @@
+"""The Linux example guest's dynamically linked PIE workload, dynwork (issue 16's test
+bench): it runs with its PIE base and its libraries (Debian's ld.so and libc, our
+libqmpwork.so.1) where ASLR put them, the host's sysroot holds the very bytes the guest
+mapped there, and GDB, given those files at those addresses (linux_user_gdb), unwinds
+its user stacks through libc: compare_keys <- qsort's code <- dyn_sort <- dyn_loop <-
+main <- __libc_start_call_main.
+
+The guest runs dynwork alone (boot.sh --workloads dynwork) on 2 vCPUs, KASLR off (GDB
+has the vmlinux; ASLR in user space stays on). The pauses are drawn from a fixed seed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.integration.gdb_mi import GdbFrame, GdbMi
+from tests.integration.linux_user_gdb import (
+    PAGE,
+    Mapping,
+    files_to_load,
+    guest_bytes,
+    load_bias,
+    loaded_user_frames,
+    process_maps,
+    started_pids,
+    user_symbols,
+)
+from tests.linux_vm import LinuxGuest, guest_sysroot, kernel_abis, running_linux
+from tests.seeds import seeded
+
+VCPUS = 2
+PROGRAM = "/bin/dynwork"
+LIBRARIES = (
+    "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+    "/lib/x86_64-linux-gnu/libc.so.6",
+    "/usr/lib/x86_64-linux-gnu/libqmpwork.so.1",
+)
+#: Pauses at most, looking for dynwork in user code (one vCPU runs it, the other idles).
+MAX_PAUSES = 40
+#: dynwork's samples to see before stopping early, once one went through qsort.
+ENOUGH_SAMPLES = 5
+
+
+@dataclass
+class Run:
+    """What the pauses found: GDB's stacks of dynwork and what its memory held."""
+
+    guest: LinuxGuest
+    maps: list[Mapping]
+    pauses: int = 0
+    stacks: list[list[GdbFrame]] = field(default_factory=list)
+    first_pages: dict[str, bytes] = field(default_factory=dict)  # guest path -> bytes
+
+    def table(self) -> str:
+        lines = [f"{self.guest.abi}: {len(self.stacks)} dynwork stacks in {self.pauses} pauses"]
+        for stack in self.stacks:
+            lines.append("  " + " <- ".join(f.function or hex(f.address) for f in stack))
+        return "\n".join(lines)
+
+
+def executable(maps: list[Mapping], path: str) -> Mapping:
+    found = [m for m in maps if m.path == path and "x" in m.permissions]
+    assert len(found) == 1, f"{path}: {found}"
+    return found[0]
+
+
+def user_code_thread(gdb: GdbMi, maps: list[Mapping]) -> int | None:
+    """The vCPU (counted from 1) in user mode at a pc of one of dynwork's files."""
+    files = [m for m in maps if m.executable_file]
+    for thread in range(1, VCPUS + 1):
+        cs, pc = (gdb.evaluate(register, thread) for register in ("$cs", "(long)$pc"))
+        if cs is None or pc is None or int(cs, 0) & 3 != 3:
+            continue
+        if any(int(pc, 0) & (1 << 64) - 1 in m for m in files):
+            return thread
+    return None
+
+
+def through_qsort(stack: list[GdbFrame], maps: list[Mapping]) -> bool:
+    """compare_keys, then only libc frames (qsort's merge sort) up to dyn_sort, then
+    dyn_loop, main and __libc_start_call_main, every frame named."""
+    names = [f.function for f in stack]
+    if None in names or "compare_keys" not in names or "dyn_sort" not in names:
+        return False
+    libc = executable(maps, "/lib/x86_64-linux-gnu/libc.so.6")
+    callback, caller = names.index("compare_keys"), names.index("dyn_sort")
+    in_libc = stack[callback + 1 : caller]
+    return (
+        bool(in_libc)
+        and all(f.address in libc for f in in_libc)
+        and "qsort" in str(in_libc[-1].function)  # __qsort_r: qsort jumps to it
+        and names[caller : caller + 4] == ["dyn_sort", "dyn_loop", "main", "__libc_start_call_main"]
+    )
+
+
+def pause(gdb: GdbMi, rng_name: str) -> Iterator[None]:
+    rng = seeded(rng_name)
+    for _ in range(MAX_PAUSES):
+        gdb.resume()
+        time.sleep(rng.uniform(0.001, 0.05))  # chooses where to pause; not a synchronisation
+        gdb.interrupt()
+        yield
+
+
+def observe(guest: LinuxGuest, gdb: GdbMi, sysroot: Path) -> Run:
+    serial = Path(guest.serial).read_text(errors="replace")
+    run = Run(guest, process_maps(serial, started_pids(serial)["dynwork"]))
+    with user_symbols(gdb, run.maps, sysroot) as files:
+        for _ in pause(gdb, f"linux dynamic {guest.abi}"):
+            run.pauses += 1
+            thread = user_code_thread(gdb, run.maps)
+            if thread is None:
+                continue
+            run.stacks.append(loaded_user_frames(gdb, thread))
+            if not run.first_pages:
+                for file in files:
+                    first = next(m for m in run.maps if m.path == file.guest_path and m.offset == 0)
+                    run.first_pages[file.guest_path] = guest_bytes(gdb, thread, first.start, PAGE)
+            seen = any(through_qsort(stack, run.maps) for stack in run.stacks)
+            if seen and len(run.stacks) >= ENOUGH_SAMPLES:
+                break
+    print(run.table())
+    return run
+
+
+@pytest.fixture(scope="module", params=kernel_abis())
+def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    workdir = tmp_path_factory.mktemp("linux-dynamic")
+    gdb_socket = str(workdir / "gdb.sock")
+    boot = ("--nokaslr", "--smp", str(VCPUS), "--gdb", gdb_socket, "--workloads", "dynwork")
+    with running_linux(workdir, *boot, abi=request.param) as guest:
+        gdb = GdbMi(guest.kernel, gdb_socket)
+        try:
+            return observe(guest, gdb, guest_sysroot())
+        finally:
+            gdb.close()
+
+
+def test_dynwork_is_a_pie_at_a_random_base_with_its_libraries_mapped(run: Run) -> None:
+    """The PIE's base is not its link address 0, and every library has an executable
+    mapping, all at page-aligned biases in the kernel's mmap area."""
+    sysroot = guest_sysroot()
+    program = executable(run.maps, PROGRAM)
+    base = load_bias(sysroot / PROGRAM.lstrip("/"), program)
+    assert base != 0 and base % PAGE == 0, hex(base)
+    for library in LIBRARIES:
+        bias = load_bias(sysroot / library.lstrip("/"), executable(run.maps, library))
+        assert bias % PAGE == 0 and bias > base, (library, hex(bias))
+    assert {f.guest_path for f in files_to_load(run.maps, sysroot)} == {PROGRAM, *LIBRARIES}
+
+
+def test_the_sysroot_holds_the_bytes_the_guest_mapped(run: Run) -> None:
+    """Each file's first page, read from guest memory where the maps put it (its ELF
+    header, program headers and build-id note), is the sysroot file's first page: the
+    maps are true and the sysroot's libc is the guest's."""
+    assert run.first_pages, run.table()
+    for guest_path, page in run.first_pages.items():
+        expected = (guest_sysroot() / guest_path.lstrip("/")).read_bytes()[:PAGE]
+        assert page[: len(expected)] == expected, guest_path
+
+
+def test_gdb_unwinds_dynwork_through_libc(run: Run) -> None:
+    """At least one stack goes user -> libc -> user with every frame named, the oracle
+    issue 16's comparisons need; every stack ends in libc's start code."""
+    assert run.stacks, run.table()
+    assert any(through_qsort(stack, run.maps) for stack in run.stacks), run.table()
+    for stack in run.stacks:
+        assert "__libc_start_call_main" in [f.function for f in stack], run.table()
