@@ -65,14 +65,16 @@ async def sample_loop(
     failures = 0
     while stats.ended_by is None:
         slot = schedule.next_slot(time.monotonic())
+        # Slots given up are requested and missed alike, even when the loop ends here.
         stats.missed += slot.missed
+        stats.requested += slot.missed
         if slot.deadline - time.monotonic() >= PRIME_LEAD_S:
             _prime_tick(session, capturer, config)
         if on_idle is not None:
             on_idle(slot.deadline)
         if _past_end(config, start, slot.deadline) or await _wait_until(slot.deadline, stop):
             break
-        stats.requested += slot.missed + 1
+        stats.requested += 1
         stats.late += schedule.is_late(slot.deadline, time.monotonic())
         failures = await _one_tick(session, capturer, config, stats, on_samples, failures)
         stats.elapsed_s = time.monotonic() - start
