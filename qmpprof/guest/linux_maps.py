@@ -216,7 +216,10 @@ class MapsWalk:
         self._layout = layout
         self._task = task
         self._state = _State()
+        #: Every executable range (file or not), once the walk is done.
         self.executable: list[tuple[int, int]] = []
+        #: Whether the task has an mm (a kernel thread has none).
+        self.has_mm = False
 
     def advance(self, memory: MemoryReader) -> tuple[MappedFile, ...]:
         """Every executable file mapping, sorted by start (none for a kernel thread).
@@ -245,6 +248,7 @@ class MapsWalk:
     def _read_root(self, memory: MemoryReader) -> None:
         if is_kernel(self._task + self._layout.task_mm):
             mm = memory.read_u64(self._task + self._layout.task_mm)
+            self.has_mm = mm != 0
             if mm != 0 and is_kernel(mm + self._layout.mm_root):
                 self._add_root(memory.read_u64(mm + self._layout.mm_root))
         self._state.root_read = True

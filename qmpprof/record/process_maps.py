@@ -4,20 +4,23 @@ through the capture's memory backend, and kept per address space.
     maps = ProcessMaps.of_guest(kernel, adapter, memory)   # None: not Linux, or no DWARF
     found = await maps.maps_for(registers, task)           # while the VM is paused
 
-`maps_for(registers, task, user_pc=None)` gives the executable file mappings of the
-task at `task` (a task_struct's address: `LinuxAdapter.task_address`), which must be the
-task running on `registers.vcpu`: its memory is read through that vCPU's page tables
-(the kernel half is in every process's; the build-ids are in the process's own half).
-It returns a tuple of FileMapping sorted by start (empty for a kernel thread), or None
-when no walk of that address space has succeeded yet. Raises only what the memory
-backend raises (a QMP session's errors); a fault in guest memory ends the walk and is
-counted, never raised.
+`maps_for(registers, task, user_pc=None, process=None)` gives the executable file
+mappings of the task at `task` (a task_struct's address: `LinuxAdapter.task_address`),
+which must be the task running on `registers.vcpu`: its memory is read through that
+vCPU's page tables (the kernel half is in every process's; the build-ids are in the
+process's own half, so another process's task would get a wrong build-id). It returns a
+tuple of FileMapping sorted by start, () for a task without an mm (a kernel thread,
+which runs on a borrowed CR3: never kept), or None when no walk of that address space
+has succeeded yet. Raises only what the memory backend raises (a QMP session's errors);
+a fault in guest memory ends the walk and is counted, never raised.
 
-Maps are kept per address space (CR3 without its PCID bits) and read again when the
-user PC (`user_pc`, else the registers' PC in user mode) lies in no executable mapping
-the last read found (anonymous ones count: [vdso], JIT code), at most once per
-REREAD_INTERVAL_S per address space, on an injected clock. With page-table isolation an
-address space has two CR3s (user and kernel): each is kept on its own.
+Maps are kept per address space: CR3 without its PCID bits, and `process` (the tgid,
+which the caller has from the adapter's label) when given, since a freed page directory
+is soon another process's CR3. They are read again when the user PC (`user_pc`, else
+the registers' PC in user mode) lies in no executable mapping the last read found
+(anonymous ones count: [vdso], JIT code), at most once per REREAD_INTERVAL_S per address
+space, on an injected clock. With page-table isolation an address space has two CR3s
+(user and kernel): each is kept on its own.
 
 Memory is read by whole pages and kept for one walk, so the VMAs of one slab page cost
 one read. `stats` counts walks, failed walks and reads.
@@ -111,12 +114,22 @@ class _Unreadable(enum.Enum):
 UNREADABLE = _Unreadable.UNREADABLE
 
 
+@dataclass(frozen=True)
+class MapsRead:
+    """One walk's answer: the executable file mappings, every executable range (file or
+    not), the reads (page windows) it took, and whether the task had an mm at all."""
+
+    files: tuple[FileMapping, ...]
+    executable: tuple[tuple[int, int], ...]
+    reads: int
+    has_mm: bool
+
+
 async def read_maps(
     memory: MemoryBackend, vcpu: int, layout: MapsLayout, task: int
-) -> tuple[tuple[FileMapping, ...], tuple[tuple[int, int], ...], int] | None:
-    """The executable file mappings of `task` (running on `vcpu`), every executable
-    range, and the reads it took; None when kernel memory the walk needed could not be
-    read."""
+) -> MapsRead | None:
+    """The maps of `task` (running on `vcpu`); None when kernel memory the walk needed
+    could not be read."""
     reader = PageReader(memory, vcpu)
     walk = MapsWalk(layout, task)
     files = await reader.run(walk.advance)
@@ -129,7 +142,7 @@ async def read_maps(
             read = await reader.run(BuildIdRead(mapped.header, mapped.header_size).advance)
             build_id = None if read is UNREADABLE else read
         found.append(mapped.with_build_id(build_id))
-    return tuple(found), tuple(walk.executable), reader.reads
+    return MapsRead(tuple(found), tuple(walk.executable), reader.reads, walk.has_mm)
 
 
 @dataclass
@@ -162,7 +175,7 @@ class ProcessMaps:
         self._layout = layout
         self._memory = memory
         self._clock = clock
-        self._known: dict[int, _Known] = {}
+        self._known: dict[tuple[int, int | None], _Known] = {}
         self.stats = MapsStats()
 
     @classmethod
@@ -177,31 +190,37 @@ class ProcessMaps:
         return None if layout is None else cls(layout, memory)
 
     async def maps_for(
-        self, registers: RegisterSet, task: int, user_pc: int | None = None
+        self,
+        registers: RegisterSet,
+        task: int,
+        user_pc: int | None = None,
+        process: int | None = None,
     ) -> tuple[FileMapping, ...] | None:
         """The mappings of `task`, running on `registers.vcpu` (module docstring)."""
-        key = registers.cr3 & _CR3_ADDRESS
+        key = (registers.cr3 & _CR3_ADDRESS, process)
         known = self._known.get(key)
         pc = user_pc if user_pc is not None else registers.rip if registers.cpl == 3 else None
         if known is None or (self._stale(known) and not _runs_known(known, pc)):
             known = await self._read(registers.vcpu, task, known)
+            if known is None:
+                return ()
             self._known[key] = known
         return known.files
 
     def _stale(self, known: _Known) -> bool:
         return self._clock() - known.read_at >= REREAD_INTERVAL_S
 
-    async def _read(self, vcpu: int, task: int, before: _Known | None) -> _Known:
+    async def _read(self, vcpu: int, task: int, before: _Known | None) -> _Known | None:
+        """A new read of the maps; None for a task without an mm (nothing to keep)."""
         now = self._clock()
         done = await read_maps(self._memory, vcpu, self._layout, task)
         self.stats.walks += 1
         if done is None:
             self.stats.failed += 1
             return _Known(before.files, before.executable, now) if before else _Known(None, (), now)
-        files, executable, reads = done
-        self.stats.reads += reads
-        self.stats.most_reads = max(self.stats.most_reads, reads)
-        return _Known(files, executable, now)
+        self.stats.reads += done.reads
+        self.stats.most_reads = max(self.stats.most_reads, done.reads)
+        return _Known(done.files, done.executable, now) if done.has_mm else None
 
     def forget(self) -> None:
         """Drop every address space's maps (a new connection: other processes)."""

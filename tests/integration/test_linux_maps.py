@@ -65,7 +65,9 @@ def test_every_workloads_maps_are_those_proc_printed(maps_guest: LinuxGuest) -> 
                 for name, pid in with_files.items():
                     done = await read_maps(memory, 0, layout, found[pid])
                     assert done is not None, f"the walk of {name}'s maps failed"
-                    read[name] = without_build_ids(done[0])
+                    read[name] = without_build_ids(done.files)
+                kthreadd = await read_maps(memory, 0, layout, found[2])  # pid 2: no mm
+                assert kthreadd is not None and not kthreadd.has_mm and kthreadd.files == ()
                 return read
             finally:
                 await session.execute("cont")

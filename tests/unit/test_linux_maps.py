@@ -200,6 +200,18 @@ def test_maps_are_kept_per_address_space_and_read_again_at_most_once_a_second() 
     assert maps.stats.failed == 0
 
 
+def test_two_processes_on_one_cr3_are_kept_apart() -> None:
+    """A page directory freed by one process is soon another's CR3: with its tgid, the
+    other process gets a walk of its own."""
+    abi, name = CAUGHT[0]
+    maps, _, task = saved_maps(abi, name, Clock())
+    first = asyncio.run(maps.maps_for(registers(0x401000), task, process=1))
+    assert asyncio.run(maps.maps_for(registers(0x401000), task, process=1)) == first
+    assert maps.stats.walks == 1
+    assert asyncio.run(maps.maps_for(registers(0x401000), task, process=2)) == first
+    assert maps.stats.walks == 2
+
+
 def test_a_walk_that_cannot_read_the_kernel_fails_and_is_counted() -> None:
     clock = Clock()
     abi, name = CAUGHT[0]

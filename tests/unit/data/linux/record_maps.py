@@ -129,9 +129,11 @@ async def record_walk(
                 BuildIdRead(mapped.header, mapped.header_size).advance(user)
     return {
         "task": task,
-        "page_reads": done[2],
+        "page_reads": done.reads,
         "ms": round(1000 * elapsed),
-        "found": [[m.start, m.end, m.offset, m.path, (m.build_id or b"").hex()] for m in done[0]],
+        "found": [
+            [m.start, m.end, m.offset, m.path, (m.build_id or b"").hex()] for m in done.files
+        ],
         "kernel_reads": kernel.reads,
         "user_reads": user.reads,
     }
