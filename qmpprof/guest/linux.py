@@ -145,12 +145,18 @@ class LinuxAdapter:
     def process(self, registers: RegisterSet, memory: MemoryReader) -> Process | None:
         """The task on this vCPU; None when the kernel gave no way to tell. Raises
         MemoryFault for memory it needs."""
+        task = self.task_address(registers, memory)
+        return None if task is None or self.task is None else self.task.read(memory, task)
+
+    def task_address(self, registers: RegisterSet, memory: MemoryReader) -> int | None:
+        """The address of the task_struct running on this vCPU (`current`); None when
+        the kernel gave no way to tell, or none runs. Raises MemoryFault."""
         if self.task is None or self.per_cpu_offsets is None or self.current_task is None:
             return None
         if not 0 <= registers.vcpu < MAX_CPUS:
             return None
         task = memory.read_u64((self._cpu_area(registers, memory) + self.current_task) % (1 << 64))
-        return None if task == 0 else self.task.read(memory, task)
+        return task or None
 
     def _cpu_area(self, registers: RegisterSet, memory: MemoryReader) -> int:
         assert self.per_cpu_offsets is not None

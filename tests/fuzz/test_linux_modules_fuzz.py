@@ -23,45 +23,19 @@ from qmpprof.guest.linux_modules import (
 )
 from qmpprof.model import KERNEL_HALF, KernelModule
 from tests.fuzz.budget import cases, counted
+from tests.fuzz.kernel_pages import BASE, PAGE, PAGES, RandomKernelPages
 
-PAGE = 4096
-#: Where the random memory lies: near the top, so that spans can run past 2**64.
-BASE = (1 << 64) - 16 * PAGE
-PAGES = 16
 MODULE_AREA = 0xFFFF_FFFF_C000_0000
 #: Debian 6.12's struct module, as GDB reads it (tests/unit/data/linux/modules.json).
 LAYOUT = ModuleListLayout(BASE + 0x40, 0, 0, 8, 24, 56, 320, 328, 4, 332)
 
 
-class RandomKernelMemory:
-    """PAGES pages at BASE, made on first read, whose words are often pointers into
-    the same pages (list nodes) and text bases and sizes; anything else faults."""
-
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
-        self.pages: dict[int, bytes] = {}
-        self.reads = 0
-
-    def read(self, address: int, size: int) -> bytes:
-        self.reads += 1
-        if address < BASE or address + size > BASE + PAGES * PAGE:
-            raise MemoryFault(address, size)
-        start = address - BASE
-        data = b"".join(self._page(p) for p in range(start // PAGE, (start + size - 1) // PAGE + 1))
-        return data[start % PAGE : start % PAGE + size]
-
-    def read_u64(self, address: int) -> int:
-        return int.from_bytes(self.read(address, 8), "little")
-
-    def _page(self, page: int) -> bytes:
-        if page not in self.pages:
-            rng = random.Random(f"{self.seed}:{page}")
-            if self.seed % 8 == 0 or rng.random() < 0.2:
-                self.pages[page] = _chain(BASE + page * PAGE)
-            else:
-                words = (_word(rng) for _ in range(PAGE // 8))
-                self.pages[page] = b"".join(w.to_bytes(8, "little") for w in words)
-        return self.pages[page]
+def random_page(seed: int, address: int) -> bytes:
+    """A page of chained nodes (`_chain`), or of random words (`_word`)."""
+    rng = random.Random(f"{seed}:{(address - BASE) // PAGE}")
+    if seed % 8 == 0 or rng.random() < 0.2:
+        return _chain(address)
+    return b"".join(_word(rng).to_bytes(8, "little") for _ in range(PAGE // 8))
 
 
 def _chain(start: int) -> bytes:
@@ -91,7 +65,7 @@ class FaultingFirst:
     """The same memory, but each read faults the first time its address is asked for,
     as a capture's memory does until that window is read: the walk must resume."""
 
-    def __init__(self, memory: RandomKernelMemory) -> None:
+    def __init__(self, memory: RandomKernelPages) -> None:
         self.memory = memory
         self.asked: set[int] = set()
         self.faults = 0
@@ -111,7 +85,7 @@ class FaultingFirst:
 @given(st.integers(min_value=0, max_value=(1 << 32) - 1), st.sampled_from([0, 0x200000]))
 @counted
 def test_walk_ends_bounded(seed: int, slide: int) -> None:
-    memory = FaultingFirst(RandomKernelMemory(seed))
+    memory = FaultingFirst(RandomKernelPages(seed, random_page))
     walk = ModuleWalk(replace(LAYOUT, head=LAYOUT.head - slide), slide)
     found: tuple[KernelModule, ...] | None = None
     for _ in range(2 * (MAX_MODULES + 1)):

@@ -1,0 +1,115 @@
+"""Each process's memory map, read by qmpprof from a booted Linux guest's kernel.
+
+The oracle is the guest's own word: examples/linux's init prints each workload's
+/proc/PID/maps on the console, and readelf gives the build-id of each workload's file.
+Every workload's task is found from outside by walking init_task's task list, and its
+executable file mappings read from there are those /proc printed (a process whose
+printed maps hold no file mapping is skipped, and the test says so). ProcessMaps, the
+capture's reader, is asked while each busy workload runs in user mode on a vCPU (its
+build-id is in that process's memory, read through that vCPU's page tables)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from qmpprof.commands.common import TargetOptions, build_analyzer
+from qmpprof.commands.connect import connected
+from qmpprof.guest.linux import LinuxAdapter
+from qmpprof.guest.linux_maps import maps_layout
+from qmpprof.model import FileMapping, RegisterSet
+from qmpprof.record.process_maps import UNREADABLE, PageReader, ProcessMaps, read_maps
+from tests.linux_tasks import TaskList, catch_running, proc_maps, started
+from tests.linux_vm import ROOT, LinuxGuest, kernel_abis, running_linux
+
+BUILD = ROOT / "examples" / "linux" / "build"
+BUSY = ("crunch", "crunchnofp", "sysloop", "pinned")
+
+
+@pytest.fixture(scope="module", params=kernel_abis())
+def maps_guest(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LinuxGuest]:
+    with running_linux(tmp_path_factory.mktemp("maps"), abi=request.param) as guest:
+        yield guest
+
+
+def without_build_ids(maps: tuple[FileMapping, ...]) -> list[tuple[int, int, int, str]]:
+    return [(m.start, m.end, m.offset, m.path) for m in maps]
+
+
+def test_every_workloads_maps_are_those_proc_printed(maps_guest: LinuxGuest) -> None:
+    serial = Path(maps_guest.serial).read_text()
+    pids, printed = started(serial), proc_maps(serial)
+    with_files = {name: pid for name, pid in pids.items() if printed.get(pid)}
+    skipped = sorted(set(pids) - set(with_files))
+    assert len(with_files) >= 4, f"too few workloads with file mappings (skipped: {skipped})"
+    options = TargetOptions(maps_guest.qmp, maps_guest.kernel)
+    analyzer = build_analyzer(options)
+    layout, tasks = maps_layout(maps_guest.kernel), TaskList.of(maps_guest.kernel)
+    assert layout is not None
+
+    async def read_all() -> dict[str, list[tuple[int, int, int, str]]]:
+        async with connected(options, analyzer) as (session, memory, _):
+            await session.execute("stop")
+            try:
+                reader = PageReader(memory, 0)
+                found = await reader.run(tasks.walk(analyzer.kernel_bias))
+                assert found is not UNREADABLE
+                read = {}
+                for name, pid in with_files.items():
+                    done = await read_maps(memory, 0, layout, found[pid])
+                    assert done is not None, f"the walk of {name}'s maps failed"
+                    read[name] = without_build_ids(done.files)
+                kthreadd = await read_maps(memory, 0, layout, found[2])  # pid 2: no mm
+                assert kthreadd is not None and not kthreadd.has_mm and kthreadd.files == ()
+                return read
+            finally:
+                await session.execute("cont")
+
+    read = asyncio.run(read_all())
+    assert read == {name: without_build_ids(printed[pid]) for name, pid in with_files.items()}
+
+
+def readelf_build_id(path: Path) -> bytes:
+    out = subprocess.run(["readelf", "-n", str(path)], capture_output=True, text=True).stdout
+    found = re.search(r"Build ID: ([0-9a-f]+)", out)
+    assert found is not None, f"{path} has no build-id"
+    return bytes.fromhex(found.group(1))
+
+
+def test_process_maps_gives_a_running_workloads_maps_and_build_id(
+    maps_guest: LinuxGuest,
+) -> None:
+    serial = Path(maps_guest.serial).read_text()
+    pids, printed = started(serial), proc_maps(serial)
+    busy = {pids[name]: name for name in BUSY if printed.get(pids[name])}
+    options = TargetOptions(maps_guest.qmp, maps_guest.kernel)
+    analyzer = build_analyzer(options)
+
+    async def catch() -> dict[int, tuple[FileMapping, ...] | None]:
+        async with connected(options, analyzer) as (session, memory, _):
+            maps = ProcessMaps.of_guest(analyzer.kernel, analyzer.adapter, memory)
+            assert maps is not None and isinstance(analyzer.adapter, LinuxAdapter)
+
+            async def visit(registers: RegisterSet, task: int) -> tuple[FileMapping, ...] | None:
+                return await maps.maps_for(registers, task)
+
+            found = await catch_running(session, memory, analyzer.adapter, set(busy), visit)
+            assert maps.stats.failed == 0
+            return found
+
+    found = asyncio.run(catch())
+    assert sorted(busy[pid] for pid in found) == sorted(busy.values())
+    for pid, maps in found.items():
+        name = busy[pid]
+        expected = [
+            FileMapping(m.start, m.end, m.offset, m.path, readelf_build_id(BUILD / name))
+            for m in printed[pid]
+        ]
+        assert list(maps or ()) == expected, name

@@ -1,0 +1,233 @@
+"""A Linux process's executable file mappings: the VMA walk and the build-id reader over
+guest memory saved from Debian 12's 6.1 and 6.12 kernels (tests/unit/data/linux/
+maps.json, recorded by record_maps.py there: each read's bytes, as the walk asked).
+
+The oracles are not qmpprof's: the /proc/PID/maps lines the guest's init printed, GDB's
+member offsets and maple node layout, and readelf's build-ids of the workloads' files
+(and of an ELF built here)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qmpprof.guest.adapter import GenericAdapter
+from qmpprof.guest.linux import LinuxAdapter
+from qmpprof.guest.linux_maps import (
+    ARANGE_64,
+    RANGE_64,
+    SHAPES,
+    BuildIdRead,
+    MappedFile,
+    MapsLayout,
+    MapsWalk,
+    maps_layout,
+)
+from qmpprof.memory import WindowMemory
+from qmpprof.model import FileMapping, MemoryWindow, RegisterSet
+from qmpprof.modules import load_module
+from qmpprof.record.process_maps import PAGE_SIZE, REREAD_INTERVAL_S, ProcessMaps
+from tests.linux_tasks import proc_maps
+from tests.unit.conftest import build_elf
+
+DATA: dict[str, Any] = json.loads(
+    (Path(__file__).parent / "data" / "linux" / "maps.json").read_text()
+)
+ABIS = sorted(DATA)
+CACHE = Path.home() / ".cache" / "qmpprof" / "linux"
+CAUGHT = [(abi, name) for abi in ABIS for name in sorted(DATA[abi]["workloads"])]
+
+
+def gdb_layout(abi: str) -> MapsLayout:
+    return MapsLayout(*DATA[abi]["gdb"]["layout"])
+
+
+def saved(reads: list[list[Any]]) -> WindowMemory:
+    return WindowMemory(MemoryWindow(address, bytes.fromhex(data)) for address, data in reads)
+
+
+def walked(abi: str, name: str) -> tuple[MappedFile, ...]:
+    workload = DATA[abi]["workloads"][name]
+    return MapsWalk(gdb_layout(abi), workload["task"]).advance(saved(workload["kernel_reads"]))
+
+
+def printed(abi: str, name: str) -> tuple[FileMapping, ...]:
+    """The executable file mappings init printed from the workload's /proc/PID/maps."""
+    pid = DATA[abi]["workloads"][name]["pid"]
+    return proc_maps("\n".join(DATA[abi]["maps_lines"])).get(pid, ())
+
+
+def test_every_busy_workload_was_caught_and_has_a_file_mapping() -> None:
+    """The recording caught each CPU-bound workload on each kernel; /proc gave each one
+    an executable file mapping (else the comparisons below test nothing)."""
+    for abi in ABIS:
+        assert sorted(DATA[abi]["workloads"]) == ["crunch", "crunchnofp", "pinned", "sysloop"]
+    assert all(printed(abi, name) for abi, name in CAUGHT)
+
+
+@pytest.mark.parametrize(("abi", "name"), CAUGHT)
+def test_the_walk_finds_what_proc_maps_printed(abi: str, name: str) -> None:
+    found = [(m.start, m.end, m.offset, m.path) for m in walked(abi, name)]
+    assert found == [(m.start, m.end, m.offset, m.path) for m in printed(abi, name)]
+
+
+@pytest.mark.parametrize(("abi", "name"), CAUGHT)
+def test_the_build_id_in_guest_memory_is_readelfs(abi: str, name: str) -> None:
+    workload = DATA[abi]["workloads"][name]
+    memory = saved(workload["user_reads"])
+    for mapped in walked(abi, name):
+        assert mapped.header is not None
+        build_id = BuildIdRead(mapped.header, mapped.header_size).advance(memory)
+        assert build_id == bytes.fromhex(workload["build_id"])
+
+
+@pytest.mark.parametrize("abi", ABIS)
+def test_the_dwarf_layout_is_gdbs(abi: str) -> None:
+    vmlinux = CACHE / abi / "vmlinux"
+    if not vmlinux.exists():
+        pytest.skip(f"{vmlinux} is not cached (make linux-guest)")
+    assert maps_layout(vmlinux) == gdb_layout(abi)
+
+
+@pytest.mark.parametrize("abi", ABIS)
+def test_the_maple_node_shapes_are_gdbs(abi: str) -> None:
+    """Pivots, slots and metadata where GDB's ptype/o puts them, in both node types."""
+    ptype = DATA[abi]["gdb"]["ptype"]
+    for number, struct_name in ((RANGE_64, "maple_range_64"), (ARANGE_64, "maple_arange_64")):
+        members = gdb_members(ptype, struct_name)
+        expected = (members["pivot"][0], members["slot"][0], members["slot"][1], members["end"][0])
+        shape = SHAPES[number]
+        assert (shape.pivots, shape.slots, shape.count, shape.meta_end) == expected
+
+
+def gdb_members(ptype: str, struct_name: str) -> dict[str, tuple[int, int]]:
+    """Each member's offset and element count (1 if not an array), the first of each
+    name, from GDB's `ptype/o struct NAME` (a member of a union prints its offset
+    alone)."""
+    body = ptype[ptype.index(f"type = struct {struct_name} {{") :]
+    body = body[: body.find("type = struct", 1)]
+    members: dict[str, tuple[int, int]] = {}
+    line = r"/\*\s+(\d+)\s+(?:\|\s+\d+\s+)?\*/\s+[^;{]*?\b(\w+)(?:\[(\d+)\])?;"
+    for offset, name, count in re.findall(line, body):
+        members.setdefault(name, (int(offset), int(count or 1)))
+    return members
+
+
+def readelf_build_id(path: Path) -> bytes | None:
+    out = subprocess.run(["readelf", "-n", str(path)], capture_output=True, text=True).stdout
+    found = re.search(r"Build ID: ([0-9a-f]+)", out)
+    return bytes.fromhex(found.group(1)) if found else None
+
+
+@pytest.mark.parametrize("build_id", ["sha1", "md5", "none"])
+def test_the_build_id_of_an_elf_built_here(build_id: str, tmp_path: Path) -> None:
+    """The file's first page as a loader maps it: readelf's build-id, or None."""
+    elf = build_elf("symbols.c", tmp_path, "-O1", f"-Wl,--build-id={build_id}")
+    header = elf.read_bytes()[:PAGE_SIZE]
+    memory = WindowMemory([MemoryWindow(0x5555_0000_0000, header)])
+    found = BuildIdRead(0x5555_0000_0000, len(header)).advance(memory)
+    assert found == readelf_build_id(elf)
+    assert (found is None) == (build_id == "none")
+
+
+class SavedGuest:
+    """A memory backend over the saved reads: each page the walk asks for holds the
+    bytes the recording read there (the rest of the page, never read, is zero); a page
+    nothing was read from is not readable."""
+
+    def __init__(self, reads: list[list[Any]]) -> None:
+        self.pages: dict[int, bytearray] = {}
+        for address, data in reads:
+            raw = bytes.fromhex(data)
+            for at, byte in enumerate(raw):
+                page = self.pages.setdefault((address + at) // PAGE_SIZE, bytearray(PAGE_SIZE))
+                page[(address + at) % PAGE_SIZE] = byte
+        self.reads = 0
+
+    async def read_window(self, cpu: int, address: int, size: int) -> bytes:
+        self.reads += 1
+        data = b""
+        for page in range(address // PAGE_SIZE, (address + size - 1) // PAGE_SIZE + 1):
+            if page not in self.pages:
+                break
+            data += bytes(self.pages[page])
+        return data[: size if data else 0]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def registers(rip: int, cpl: int = 3) -> RegisterSet:
+    return RegisterSet(0, {"rip": rip, "rsp": 0, "rbp": 0}, 0x33, cpl, False, 64, cr3=0x1234005)
+
+
+def saved_maps(abi: str, name: str, clock: Clock) -> tuple[ProcessMaps, SavedGuest, int]:
+    workload = DATA[abi]["workloads"][name]
+    guest = SavedGuest(workload["kernel_reads"] + workload["user_reads"])
+    return ProcessMaps(gdb_layout(abi), guest, clock), guest, workload["task"]  # type: ignore[arg-type]
+
+
+def test_maps_are_kept_per_address_space_and_read_again_at_most_once_a_second() -> None:
+    clock = Clock()
+    abi, name = CAUGHT[0]
+    maps, guest, task = saved_maps(abi, name, clock)
+    expected = DATA[abi]["workloads"][name]["found"]
+
+    def ask(rip: int, cpl: int = 3) -> tuple[FileMapping, ...] | None:
+        return asyncio.run(maps.maps_for(registers(rip, cpl), task))
+
+    found = ask(0x401000)
+    assert [[m.start, m.end, m.offset, m.path, (m.build_id or b"").hex()] for m in found or ()] == [
+        list(e) for e in expected
+    ]
+    assert (maps.stats.walks, maps.stats.reads) == (1, guest.reads)
+    assert ask(0x10) == found and maps.stats.walks == 1  # outside, but read just now
+    clock.now += REREAD_INTERVAL_S
+    assert ask(0x401000) == found and maps.stats.walks == 1  # inside: nothing new
+    assert ask(0x10, cpl=0) == found and maps.stats.walks == 1  # kernel mode: no user PC
+    assert ask(0x10) == found and maps.stats.walks == 2  # outside, a second on
+    assert maps.stats.failed == 0
+
+
+def test_two_processes_on_one_cr3_are_kept_apart() -> None:
+    """A page directory freed by one process is soon another's CR3: with its tgid, the
+    other process gets a walk of its own."""
+    abi, name = CAUGHT[0]
+    maps, _, task = saved_maps(abi, name, Clock())
+    first = asyncio.run(maps.maps_for(registers(0x401000), task, process=1))
+    assert asyncio.run(maps.maps_for(registers(0x401000), task, process=1)) == first
+    assert maps.stats.walks == 1
+    assert asyncio.run(maps.maps_for(registers(0x401000), task, process=2)) == first
+    assert maps.stats.walks == 2
+
+
+def test_a_walk_that_cannot_read_the_kernel_fails_and_is_counted() -> None:
+    clock = Clock()
+    abi, name = CAUGHT[0]
+    maps = ProcessMaps(gdb_layout(abi), SavedGuest([]), clock)  # type: ignore[arg-type]
+    task = DATA[abi]["workloads"][name]["task"]
+    assert asyncio.run(maps.maps_for(registers(0x401000, cpl=0), task)) is None
+    assert asyncio.run(maps.maps_for(registers(0x401000, cpl=0), task)) is None
+    assert (maps.stats.walks, maps.stats.failed) == (1, 1)  # tried again only a second on
+    clock.now += REREAD_INTERVAL_S
+    assert asyncio.run(maps.maps_for(registers(0x401000, cpl=0), task)) is None
+    assert (maps.stats.walks, maps.stats.failed) == (2, 2)
+
+
+def test_no_process_maps_without_a_linux_kernel(symbols_elf: Path) -> None:
+    module = load_module(symbols_elf)
+    guest = SavedGuest([])
+    assert ProcessMaps.of_guest(None, LinuxAdapter(), guest) is None  # type: ignore[arg-type]
+    assert ProcessMaps.of_guest(module, GenericAdapter(), guest) is None  # type: ignore[arg-type]
+    assert ProcessMaps.of_guest(module, LinuxAdapter(), guest) is None  # type: ignore[arg-type]
