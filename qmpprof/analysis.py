@@ -34,6 +34,7 @@ from qmpprof.model import (
     KERNEL_HALF,
     CapturedSample,
     FileMapping,
+    Frame,
     FrameAddress,
     FrameKind,
     KernelModule,
@@ -240,20 +241,29 @@ class Analyzer:
             address_space=raw.address_space,
             process=captured.process,
             fault_address=stack.fault_address,
-            unsymbolized=self._why_unsymbolized(raw, mode, frames[0].function),
+            unsymbolized=self._why_unsymbolized(raw, mode, frames[0]),
             torn=any(
                 f.kind is FrameKind.RETURN and space.return_sites.check(f.address) is False
                 for f in stack.frames
             ),
         )
 
-    def _why_unsymbolized(
-        self, raw: RawSample, mode: Mode, leaf: str | None
-    ) -> Unsymbolized | None:
-        if mode is not Mode.USER or leaf is not None:
+    def _why_unsymbolized(self, raw: RawSample, mode: Mode, leaf: Frame) -> Unsymbolized | None:
+        if mode is not Mode.USER or leaf.function is not None:
             return None
+        if raw.file_maps is not None:
+            return self._why_unnamed_in_process(leaf)
         if not self.users:
             return Unsymbolized(NoUserSymbols.NO_BINARIES)
         if raw.user_module is None:
             return Unsymbolized(NoUserSymbols.NO_MATCH, f"cr3:{raw.address_space:#x}")
         return Unsymbolized(NoUserSymbols.OUTSIDE, raw.user_module)
+
+    def _why_unnamed_in_process(self, leaf: Frame) -> Unsymbolized:
+        """A leaf in a process whose maps are known: in no file it maps, in a file with
+        no usable host copy, or outside the symbols of the copy found."""
+        if leaf.mapping is None or leaf.module is None:
+            return Unsymbolized(NoUserSymbols.NO_FILE)
+        if self.files.module_for(leaf.mapping) is None:
+            return Unsymbolized(NoUserSymbols.NO_HOST_FILE, leaf.module)
+        return Unsymbolized(NoUserSymbols.OUTSIDE, leaf.module)

@@ -231,6 +231,8 @@ class NoUserSymbols(Enum):
     NO_BINARIES = "no user binaries given (--user-dir / --user)"
     NO_MATCH = "no given binary matches address space"
     OUTSIDE = "pc outside the symbols of"
+    NO_FILE = "pc in no file the process maps (anonymous memory, [vdso])"
+    NO_HOST_FILE = "no usable host copy (--sysroot, --user-dir, --user) of"
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from qmpprof.commands.common import TargetOptions, say_on_stderr
 from qmpprof.errors import UsageError
 from qmpprof.record.capture import CaptureConfig, Capturer
 from qmpprof.record.kernel_modules import KernelModules
+from qmpprof.record.process_maps import ProcessMaps
 from qmpprof.record.relocation import kernel_slide_of
 from qmpprof.symbols.kernel_object import ModuleFiles
 from qmpprof.target.memory import MemoryBackend, open_memory
@@ -28,7 +29,8 @@ async def connected(
     when `options.cpus` names a vCPU the guest does not have. A Linux kernel's KASLR
     slide is found before the first sample (record/relocation.py) and given to
     `analyzer` as the kernel's bias, and its loaded modules are read then
-    (record/kernel_modules.py) and again when samples run in kernel code nowhere known."""
+    (record/kernel_modules.py) and again when samples run in kernel code nowhere known;
+    each process's file mappings are read as its samples come (record/process_maps.py)."""
     session = await QmpSession.connect(options.qmp_socket)
     try:
         await claim(session, notice)
@@ -45,7 +47,9 @@ async def connected(
                 modules = KernelModules.of_guest(analyzer, memory, placed.vcpu, files)
             if modules is not None:
                 await modules.read()
-            yield session, memory, Capturer(session, memory, analyzer, config, modules)
+            maps = ProcessMaps.of_guest(analyzer.kernel, analyzer.adapter, memory)
+            capturer = Capturer(session, memory, analyzer, config, modules, maps)
+            yield session, memory, capturer
         finally:
             await memory.close()
     finally:

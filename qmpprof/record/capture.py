@@ -15,9 +15,20 @@ from dataclasses import dataclass, replace
 
 from qmpprof.analysis import Analyzer
 from qmpprof.defaults import DEFAULT_STACK_BYTES, PAGE_SIZE
-from qmpprof.model import CapturedSample, MemoryWindow, RawSample, RegisterSet
+from qmpprof.errors import MemoryFault
+from qmpprof.guest.linux import LinuxAdapter
+from qmpprof.memory import WindowMemory
+from qmpprof.model import (
+    KERNEL_HALF,
+    CapturedSample,
+    FileMapping,
+    MemoryWindow,
+    RawSample,
+    RegisterSet,
+)
 from qmpprof.record.identify import AddressSpaceIdentifier
 from qmpprof.record.kernel_modules import KernelModules
+from qmpprof.record.process_maps import ProcessMaps
 from qmpprof.target.memory import MemoryBackend
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.registers import parse_all
@@ -54,14 +65,20 @@ class Capturer:
         analyzer: Analyzer,
         config: CaptureConfig,
         modules: KernelModules | None = None,
+        maps: ProcessMaps | None = None,
     ) -> None:
-        """`modules`: a Linux guest's module list, read again when a sample needs it."""
+        """`modules`: a Linux guest's module list, read again when a sample needs it;
+        `maps`: its processes' file mappings (then no user binary is identified by
+        hashing its code: the maps name every file)."""
         self._modules = modules
+        self.maps = maps
+        #: Per address space (CR3), the file mappings its last sample ran with.
+        self._last_maps: dict[int, tuple[FileMapping, ...]] = {}
         self._session = session
         self._memory = memory
         self._analyzer = analyzer
         self._config = config
-        self._identifier = AddressSpaceIdentifier(memory, analyzer.users)
+        self._identifier = AddressSpaceIdentifier(memory, {} if maps else analyzer.users)
         #: Per vCPU, the addresses its recent samples had to fetch (see _complete).
         self._needed: dict[int, list[int]] = {}
 
@@ -106,7 +123,34 @@ class Capturer:
             error = f"stack unreadable at rsp={regs.rsp:#x}"
             raw = RawSample(now, regs, user_module=user_module, error=error)
             return self._analyzer.examine(raw).sample
-        return await self._complete(RawSample(now, regs, (window,), user_module))
+        guess = self._last_maps.get(regs.cr3 & ~0xFFF) if self.maps else None
+        raw = RawSample(now, regs, (window,), user_module, file_maps=guess)
+        return await self._with_process_maps(await self._complete(raw))
+
+    async def _with_process_maps(self, sample: CapturedSample) -> CapturedSample:
+        """`sample` with its process's file mappings: examined with those its address
+        space had last (the same, nearly always), again if the maps read now differ."""
+        raw, process = sample.raw, sample.process
+        if self.maps is None or process is None or process.pid is None:
+            return sample  # no Linux maps, or a kernel thread or idle task: no user part
+        try:
+            task = self._adapter_task(raw)
+        except MemoryFault:
+            return sample
+        if task is None:
+            return sample
+        user_pc = next((f.address for f in sample.stack.frames if f.address < KERNEL_HALF), None)
+        found = await self.maps.maps_for(raw.registers, task, user_pc, process.pid)
+        if found is None or found == raw.file_maps:
+            return sample
+        self._last_maps[raw.address_space] = found
+        return await self._complete(replace(raw, file_maps=found))
+
+    def _adapter_task(self, raw: RawSample) -> int | None:
+        adapter = self._analyzer.adapter
+        if not isinstance(adapter, LinuxAdapter):
+            return None
+        return adapter.task_address(raw.registers, WindowMemory(raw.windows))
 
     async def _stack_window(self, regs: RegisterSet) -> MemoryWindow | None:
         base = regs.rsp - BELOW_RSP

@@ -6,6 +6,7 @@ import queue
 import re
 import subprocess
 import threading
+from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -163,3 +164,27 @@ class GdbMi:
         finally:
             self._process.kill()
             self._process.wait(timeout=10)
+
+
+def text_aliases(elf: Path) -> dict[str, str]:
+    """Each code symbol of `elf` -> one name for all the symbols at its address: GDB names
+    glibc's `clone3` (weak) where qmpprof names `__clone3` (global), the same function."""
+    nm = subprocess.run(["nm", str(elf)], capture_output=True, text=True, check=True)
+    by_address = defaultdict(list)
+    for parts in (line.split() for line in nm.stdout.splitlines()):
+        if len(parts) == 3 and parts[1] in "TtWw":
+            by_address[parts[0]].append(parts[2])
+    return {name: min(names) for names in by_address.values() for name in names}
+
+
+# GCC's clones and split-off parts (`fsnotify_perm.part.0`, `foo.constprop.0.isra.0`,
+# `foo.cold`) keep their own symbol, which qmpprof and perf print; GDB prints the
+# function's DWARF name (`fsnotify_perm`) when the frame has inline or scope info. Both
+# name the same source function.
+GCC_CLONE = re.compile(r"(?:\.(?:part|isra|constprop|cold|lto_priv|localalias)(?:\.\d+)?)+$")
+
+
+def same_function(name: str | None, aliases: dict[str, str]) -> str | None:
+    """`name` as both sides of a comparison spell it: one name per address (`aliases`,
+    from text_aliases), GCC's clone suffixes dropped."""
+    return GCC_CLONE.sub("", aliases.get(name, name)) if name else name

@@ -11,14 +11,17 @@ has the vmlinux; ASLR in user space stays on). The pauses are drawn from a fixed
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
 
-from tests.integration.gdb_mi import GdbFrame, GdbMi
+from tests.guest_vm import qmp_call
+from tests.integration.conftest import run_qmpprof
+from tests.integration.gdb_mi import Frames, GdbFrame, GdbMi, agree, same_function, text_aliases
 from tests.integration.linux_user_gdb import (
     PAGE,
     Mapping,
@@ -43,7 +46,7 @@ LIBRARIES = (
 #: Pauses at most, looking for dynwork in user code (one vCPU runs it, the other idles).
 MAX_PAUSES = 40
 #: dynwork's samples to see before stopping early, once one went through qsort.
-ENOUGH_SAMPLES = 5
+ENOUGH_SAMPLES = 12
 
 
 @dataclass
@@ -55,6 +58,8 @@ class Run:
     pauses: int = 0
     stacks: list[list[GdbFrame]] = field(default_factory=list)
     first_pages: dict[str, bytes] = field(default_factory=dict)  # guest path -> bytes
+    #: qmpprof's frames of the same vCPU at each of those pauses (dump --sysroot).
+    ours: list[Frames] = field(default_factory=list)
 
     def table(self) -> str:
         lines = [f"{self.guest.abi}: {len(self.stacks)} dynwork stacks in {self.pauses} pauses"]
@@ -98,6 +103,22 @@ def through_qsort(stack: list[GdbFrame], maps: list[Mapping]) -> bool:
     )
 
 
+def qmpprof_frames(guest: LinuxGuest, sysroot: Path) -> dict[int, Frames]:
+    """`qmpprof dump --json --sysroot` of the paused guest: each vCPU's (pc, function)
+    frames, inlined calls included; the VM stays paused."""
+    done = run_qmpprof(
+        "dump", "--json", "--qmp-socket", guest.qmp, "--kernel", str(guest.kernel),
+        "--sysroot", str(sysroot),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    status = qmp_call(guest.qmp, "query-status")
+    assert isinstance(status, dict) and status["status"] == "paused", "qmpprof resumed it"
+    return {
+        int(vcpu["vcpu"]): [(int(f["address"], 16), f["function"]) for f in vcpu["frames"]]
+        for vcpu in json.loads(done.stdout)["vcpus"]
+    }
+
+
 def pause(gdb: GdbMi, rng_name: str) -> Iterator[None]:
     rng = seeded(rng_name)
     for _ in range(MAX_PAUSES):
@@ -117,6 +138,7 @@ def observe(guest: LinuxGuest, gdb: GdbMi, sysroot: Path) -> Run:
             if thread is None:
                 continue
             run.stacks.append(loaded_user_frames(gdb, thread))
+            run.ours.append(qmpprof_frames(guest, sysroot)[thread - 1])
             if not run.first_pages:
                 for file in files:
                     first = next(m for m in run.maps if m.path == file.guest_path and m.offset == 0)
@@ -171,3 +193,44 @@ def test_gdb_unwinds_dynwork_through_libc(run: Run) -> None:
     assert any(through_qsort(stack, run.maps) for stack in run.stacks), run.table()
     for stack in run.stacks:
         assert "__libc_start_call_main" in [f.function for f in stack], run.table()
+
+
+def sysroot_aliases(sysroot: Path, maps: list[Mapping]) -> dict[str, str]:
+    """One name per address over every file loaded and every separate debug file (a
+    stripped libc's symbols are in its debug file only)."""
+    aliases: dict[str, str] = {}
+    debug_files = sorted((sysroot / "usr/lib/debug/.build-id").glob("*/*.debug"))
+    for path in [*(f.host_path for f in files_to_load(maps, sysroot)), *debug_files]:
+        aliases.update(text_aliases(path))
+    return aliases
+
+
+def gdb_name(function: str | None, aliases: dict[str, str]) -> str | None:
+    """GDB's name as qmpprof would spell it. GDB makes up names for PLT stubs from their
+    relocations (`*ABS*+0x9be70@plt`, libc's own IRELATIVE stubs); qmpprof names no PLT
+    stub yet (its frame reads `libc.so.6+0x28290`): there only the address is compared."""
+    if function is not None and function.endswith("@plt"):
+        return None
+    return same_function(function, aliases)
+
+
+def disagreements(run: Run) -> list[str]:
+    aliases = sysroot_aliases(guest_sysroot(), run.maps)
+    found = []
+    for gdb, ours in zip(run.stacks, run.ours, strict=True):
+        theirs = [replace(f, function=gdb_name(f.function, aliases)) for f in gdb]
+        mine = [(address, same_function(name, aliases)) for address, name in ours]
+        if not agree(theirs, mine):
+            found.append(f"gdb:     {[(hex(f.address), f.function) for f in theirs]}\n"
+                         f"qmpprof: {[(hex(a), n) for a, n in mine]}")  # fmt: skip
+    return found
+
+
+def test_qmpprof_agrees_with_gdb_on_dynworks_user_stacks(run: Run) -> None:
+    """Issue 16's acceptance: with --sysroot, qmpprof's user stacks of a PIE in libc and
+    a shared library are GDB's frame for frame, libc frames and their inlined calls
+    included (names compared up to aliases at one address and GCC's clone suffixes)."""
+    assert run.stacks, run.table()
+    wrong = disagreements(run)
+    agreement = 1 - len(wrong) / len(run.stacks)
+    assert agreement >= 0.98, "\n".join([run.table(), *wrong])

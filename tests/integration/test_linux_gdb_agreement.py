@@ -27,7 +27,6 @@ import os
 import re
 import subprocess
 import time
-from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -37,7 +36,7 @@ import pytest
 
 from tests.guest_vm import qmp_call
 from tests.integration.conftest import run_qmpprof
-from tests.integration.gdb_mi import Frames, GdbFrame, GdbMi, agree
+from tests.integration.gdb_mi import Frames, GdbFrame, GdbMi, agree, same_function, text_aliases
 from tests.linux_vm import BOOT, LinuxGuest, running_linux
 from tests.seeds import seeded
 
@@ -111,24 +110,6 @@ class Observed:
     comm: str
 
 
-def text_aliases(elf: Path) -> dict[str, str]:
-    """Each code symbol of `elf` -> one name for all the symbols at its address: GDB names
-    glibc's `clone3` (weak) where qmpprof names `__clone3` (global), the same function."""
-    nm = subprocess.run(["nm", str(elf)], capture_output=True, text=True, check=True)
-    by_address = defaultdict(list)
-    for parts in (line.split() for line in nm.stdout.splitlines()):
-        if len(parts) == 3 and parts[1] in "TtWw":
-            by_address[parts[0]].append(parts[2])
-    return {name: min(names) for names in by_address.values() for name in names}
-
-
-# GCC's clones and split-off parts (`fsnotify_perm.part.0`, `foo.constprop.0.isra.0`,
-# `foo.cold`) keep their own symbol, which qmpprof and perf print; GDB prints the
-# function's DWARF name (`fsnotify_perm`) when the frame has inline or scope info. Both
-# name the same source function.
-GCC_CLONE = re.compile(r"(?:\.(?:part|isra|constprop|cold|lto_priv|localalias)(?:\.\d+)?)+$")
-
-
 @dataclass(frozen=True)
 class Aliases:
     kernel: dict[str, str]
@@ -143,7 +124,7 @@ class Aliases:
         if not function:
             return function
         table = self.kernel if address >= KERNEL_HALF else self.programs.get(comm, {})
-        return GCC_CLONE.sub("", table.get(function, function))
+        return same_function(function, table)
 
     def gdb(self, frames: list[GdbFrame], comm: str) -> list[GdbFrame]:
         return [replace(f, function=self.name(f.address, f.function, comm)) for f in frames]
@@ -335,7 +316,7 @@ class Agreement:
             )
             return
         self.classes[USER_TASK_KERNEL].add(kernel, observed, observed.kernel, ours)
-        if saving_user_registers(observed):
+        if saving_user_registers(observed) or switching_address_space(observed):
             return
         whole = kernel and agree(observed.user, ours_user)
         self.classes[USER_TASK_WHOLE].add(whole, observed, observed.kernel + observed.user, ours)
@@ -425,6 +406,21 @@ def saving_user_registers(observed: Observed) -> bool:
     `getppid`), so the whole stack has no oracle there; its kernel part still counts."""
     leaf = observed.kernel[0].function if observed.kernel else None
     return leaf is not None and ENTRY.fullmatch(leaf) is not None
+
+
+#: Where a context switch has loaded the next task's CR3 but `current` is still the
+#: task switched out (switch_mm_irqs_off's CR3 write, then switch_to).
+MID_SWITCH = {"switch_mm_irqs_off", "__switch_to_asm", "__switch_to"}
+
+
+def switching_address_space(observed: Observed) -> bool:
+    """The vCPU stopped mid context switch: the user registers are the old task's, its
+    address space is the new one's. GDB names the old task's user frames from its
+    comm; qmpprof reads user memory and build-ids through the loaded CR3, so it leaves
+    them unnamed (a known gap, README): the kernel part still counts."""
+    names = {f.function for f in observed.kernel}
+    leaf = observed.kernel[0].function if observed.kernel else None
+    return bool(names & MID_SWITCH) or leaf == "context_switch"
 
 
 def check(result: Agreement, kind: str) -> None:
