@@ -1,0 +1,143 @@
+"""Issue 16's acceptance on the Linux guest running dynwork (a PIE calling into libc and
+libqmpwork.so.1), KASLR and ASLR on, as a user runs qmpprof: with the wrong libc in the
+sysroot, with no sysroot, and the pprof a recording writes, read by `go tool pprof`.
+
+Bookworm's 6.1 only: the process maps are read the same way on 6.12
+(test_linux_maps.py), and so are the files found from them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.guest_vm import qmp_call
+from tests.integration.conftest import record_args, run_qmpprof
+from tests.integration.gdb_mi import same_function, text_aliases
+from tests.linux_vm import LinuxGuest, guest_sysroot, other_libc_sysroot, running_linux
+
+LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
+#: Functions of libc that dynwork's samples run in (qsort's merge sort, memcpy's and
+#: snprintf's implementations, the start code): a wrong libc must name none of them.
+LIBC_FUNCTIONS = (
+    "msort_with_tmp",
+    "__qsort_r",
+    "__libc_start_call_main",
+    "__memcpy_sse2_unaligned_erms",
+    "__memmove_sse2_unaligned_erms",
+    "__vfprintf_internal",
+)
+
+
+@pytest.fixture(scope="module")
+def guest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LinuxGuest]:
+    workdir = tmp_path_factory.mktemp("linux-sysroot")
+    with running_linux(workdir, "--smp", "2", "--workloads", "dynwork") as booted:
+        yield booted
+
+
+def build_id(path: Path) -> str:
+    out = subprocess.run(["readelf", "-n", str(path)], capture_output=True, text=True, check=True)
+    found = re.search(r"Build ID: ([0-9a-f]+)", out.stdout)
+    assert found, path
+    return found.group(1)
+
+
+def record(guest: LinuxGuest, output: Path, *extra: str) -> str:
+    done = run_qmpprof(*record_args(guest.qmp, guest.kernel, 3, output, *extra))
+    assert done.returncode == 0, done.stderr
+    return done.stdout + done.stderr
+
+
+def test_a_wrong_libc_is_reported_and_names_nothing(guest: LinuxGuest, tmp_path: Path) -> None:
+    other = other_libc_sysroot()
+    if other is None:
+        pytest.skip("the package archive offers one version of libc6 only")
+    folded = tmp_path / "p.folded"
+    out = record(guest, folded, "--sysroot", str(other))
+    said = next((line for line in out.splitlines() if line.startswith(f"{LIBC}: not used")), "")
+    assert build_id(other / LIBC.lstrip("/")) in said, out
+    assert build_id(guest_sysroot() / LIBC.lstrip("/")) in said, out
+    frames = {
+        f for line in folded.read_text().splitlines() for f in line.rsplit(" ", 1)[0].split(";")
+    }
+    assert any(f.startswith("libc.so.6+0x") for f in frames), sorted(frames)
+    named_from_libc = {f for f in frames if f.split(".part")[0] in LIBC_FUNCTIONS}
+    assert not named_from_libc, named_from_libc
+    assert "compare_keys" in frames  # dynwork's own file is the guest's: still named
+
+
+def dumps_of_one_pause(guest: LinuxGuest) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`dump --json` without, then with, the sysroot, of the same paused guest."""
+    qmp_call(guest.qmp, "stop")
+    try:
+        base = ["dump", "--json", "--qmp-socket", guest.qmp, "--kernel", str(guest.kernel)]
+        bare, full = (
+            run_qmpprof(*base, *extra) for extra in ([], ["--sysroot", str(guest_sysroot())])
+        )
+        assert bare.returncode == 0 and full.returncode == 0, bare.stderr + full.stderr
+        return json.loads(bare.stdout), json.loads(full.stdout)
+    finally:
+        qmp_call(guest.qmp, "cont")
+
+
+def user_frames(dump: dict[str, Any], vcpu: int) -> list[dict[str, Any]]:
+    vcpus = dump["vcpus"]
+    assert isinstance(vcpus, list)
+    frames = next(v["frames"] for v in vcpus if v["vcpu"] == vcpu)
+    return [f for f in frames if int(f["address"], 16) < 1 << 47 and not f["inlined"]]
+
+
+def test_without_a_sysroot_user_frames_are_files_and_offsets_never_wrong_names(
+    guest: LinuxGuest,
+) -> None:
+    aliases: dict[str, str] = {}
+    for debug in (guest_sysroot() / "usr/lib/debug/.build-id").glob("*/*.debug"):
+        aliases.update(text_aliases(debug))
+    files = {"dynwork", "libc.so.6", "libqmpwork.so.1", "ld-linux-x86-64.so.2"}
+    compared = 0
+    for _ in range(8):
+        bare, full = dumps_of_one_pause(guest)
+        for vcpu in (0, 1):
+            without, with_sysroot = user_frames(bare, vcpu), user_frames(full, vcpu)
+            if not with_sysroot or with_sysroot[-1]["function"] != "_start":
+                continue  # not dynwork in user code (the other vCPU idles)
+            compared += 1
+            by_address = {f["address"]: f["function"] for f in with_sysroot}
+            assert without[0]["address"] == with_sysroot[0]["address"]
+            for frame in without:
+                assert frame["module"] in files, frame
+                name = frame["function"]
+                if name is not None:  # named from what the guest loaded: the same function
+                    expected = by_address.get(frame["address"])
+                    assert same_function(name, aliases) == same_function(expected, aliases)
+    assert compared, "dynwork was never seen in user code"
+
+
+def test_pprof_names_libc_with_its_mapping_path_and_build_id(
+    guest: LinuxGuest, tmp_path: Path
+) -> None:
+    go = shutil.which("go")
+    if go is None:
+        pytest.fail("go is needed (make consumers installs golang-go)")
+    profile = tmp_path / "p.pb.gz"
+    record(guest, profile, "--sysroot", str(guest_sysroot()))
+    raw = subprocess.run(
+        [go, "tool", "pprof", "-raw", str(profile)], capture_output=True, text=True, check=True
+    ).stdout
+    mapping = next(line for line in raw.splitlines() if LIBC in line)
+    assert build_id(guest_sysroot() / LIBC.lstrip("/")) in mapping, mapping
+    top = subprocess.run(
+        [go, "tool", "pprof", "-top", "-sample_index=samples", str(profile)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "msort_with_tmp" in top and "compare_keys" in top, top
