@@ -64,6 +64,8 @@ class Module:
     loads: tuple[LoadSegment, ...] = ()
     #: The separate debug file its symbols were read from (DIR/.build-id/xx/yyyy.debug).
     debug_path: Path | None = None
+    #: Read from a guest process's memory (no host file): its path names none.
+    from_guest: bool = False
 
     def file_address_of_offset(self, offset: int) -> int | None:
         """The file (link) address of the byte at file `offset` once the loader mapped
@@ -135,6 +137,24 @@ def unread_file(mapping: FileMapping) -> Module:
     name = PurePosixPath(mapping.path).name or mapping.path
     empty = WindowMemory(())
     return Module(name, Path(mapping.path), SymbolTable(name, []), CfiTable([]), empty, None)
+
+
+def guest_loaded_file(
+    mapping: FileMapping,
+    symbols: list[Symbol],
+    cfi: CfiTable,
+    loads: tuple[LoadSegment, ...],
+    build_id: bytes | None,
+) -> Module:
+    """A guest file with no host copy, as its process has it loaded: its dynamic symbols
+    and its .eh_frame's CFI (guest/loaded_elf.py), at file addresses. No code bytes (a
+    return-site check there learns nothing). Its path, `[guest]/PATH`, is no host
+    file's, so nothing reads source lines from a host file of the same name."""
+    name = PurePosixPath(mapping.path).name or mapping.path
+    path = Path(f"[guest]{mapping.path}")
+    table = SymbolTable(name, symbols)
+    empty = WindowMemory(())
+    return Module(name, path, table, cfi, empty, None, build_id, loads=loads, from_guest=True)
 
 
 def _extent(sections: list[MemoryWindow]) -> tuple[int, int]:

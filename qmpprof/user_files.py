@@ -65,6 +65,9 @@ class UserFiles:
         self.mismatches: dict[str, Mismatch] = {}
         #: Host files that could not be read as ELF, with why.
         self.unreadable: dict[Path, str] = {}
+        #: Files with no host copy, by (guest path, build-id): the module read from the
+        #: guest's memory (guest/loaded_elf.py), or None when that read found nothing.
+        self.from_guest: dict[tuple[str, bytes | None], Module | None] = {}
 
     @property
     def searching(self) -> bool:
@@ -78,7 +81,20 @@ class UserFiles:
             if len(self._loaded) >= MAX_LOADED:
                 self._loaded.clear()
             self._loaded[key] = self._find(mapping.path, mapping.build_id)
-        return self._loaded[key]
+        return self._loaded[key] or self.from_guest.get(key)
+
+    def wants_guest_copy(self, mapping: FileMapping) -> bool:
+        """Whether `mapping`'s file has no host copy and its loaded image was not read
+        from the guest yet (once per path and build-id, found or not)."""
+        key = (mapping.path, mapping.build_id)
+        return key not in self.from_guest and self.module_for(mapping) is None
+
+    def add_guest_copy(self, mapping: FileMapping, module: Module | None) -> None:
+        """What reading `mapping`'s file from the guest gave (None: nothing usable):
+        `module_for` returns it from now on, for want of a host copy."""
+        if len(self.from_guest) >= MAX_LOADED:
+            self.from_guest.clear()
+        self.from_guest[(mapping.path, mapping.build_id)] = module
 
     def _find(self, guest_path: str, build_id: bytes | None) -> Module | None:
         for host_path, needs_build_id in self._candidates(guest_path):

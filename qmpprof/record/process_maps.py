@@ -38,12 +38,24 @@ from qmpprof.errors import MemoryFault
 from qmpprof.guest.adapter import OsAdapter
 from qmpprof.guest.linux import LinuxAdapter
 from qmpprof.guest.linux_maps import BuildIdRead, MapsLayout, MapsWalk, maps_layout
+from qmpprof.guest.loaded_elf import (
+    LoadedHeaders,
+    LoadedHeadersRead,
+    Span,
+    SparseBytes,
+    loaded_image,
+    loaded_module,
+    page_numbers,
+)
 from qmpprof.memory import MemoryReader
 from qmpprof.model import FileMapping, RegisterSet
 from qmpprof.modules import Module
 from qmpprof.target.memory import MemoryBackend
+from qmpprof.user_files import UserFiles
 
 REREAD_INTERVAL_S = 1.0
+#: Pages asked for at once when reading a loaded file's tables (guest/loaded_elf.py).
+IMAGE_CHUNK_PAGES = 16
 #: Pages read at most by one walk: 16 MiB, far more than a tree of MAX_VMAS entries
 #: packed in slab pages takes; a hostile tree ends there, as a failed walk.
 MAX_READS = 4096
@@ -153,6 +165,11 @@ class MapsStats:
     failed: int = 0
     reads: int = 0
     most_reads: int = 0
+    #: Files with no host copy read from the guest's memory, those that gave nothing,
+    #: and the bytes read for them.
+    images: int = 0
+    images_failed: int = 0
+    image_bytes: int = 0
 
 
 @dataclass
@@ -222,9 +239,63 @@ class ProcessMaps:
         self.stats.most_reads = max(self.stats.most_reads, done.reads)
         return _Known(done.files, done.executable, now) if done.has_mm else None
 
+    async def read_guest_copies(
+        self, registers: RegisterSet, maps: tuple[FileMapping, ...], files: UserFiles
+    ) -> bool:
+        """For each file of `maps` (the task on `registers.vcpu`'s) with no host copy,
+        read once: what its process has loaded of it (its .eh_frame and dynamic
+        symbols, guest/loaded_elf.py), handed to `files` (UserFiles.add_guest_copy).
+        Whether a file was added: an address space built before lacks it."""
+        added = False
+        for mapping in maps:
+            if not files.wants_guest_copy(mapping):
+                continue
+            module = await self._guest_copy(registers.vcpu, mapping)
+            files.add_guest_copy(mapping, module)
+            added = True
+        return added
+
+    async def _guest_copy(self, vcpu: int, mapping: FileMapping) -> Module | None:
+        self.stats.images += 1
+        reader = PageReader(self._memory, vcpu)
+        step = LoadedHeadersRead(mapping)
+        headers = await reader.run(step.advance)
+        if headers is UNREADABLE or headers is None:
+            self.stats.images_failed += 1
+            self.stats.image_bytes += reader.reads * PAGE_SIZE
+            return None
+        for add in step.more():
+            added = await reader.run(_given(add, headers))
+            headers = headers if added is UNREADABLE else added
+        pieces = {span: await self._sparse(vcpu, span) for span in headers.spans()}
+        image = loaded_image(headers, pieces)
+        self.stats.image_bytes += reader.reads * PAGE_SIZE + image.bytes_read
+        return loaded_module(mapping, headers, image)
+
+    async def _sparse(self, vcpu: int, span: Span) -> SparseBytes:
+        """`span` read in windows of IMAGE_CHUNK_PAGES; a page that cannot be read (one
+        the process never touched) is a hole, stepped over."""
+        pages: dict[int, bytes] = {}
+        numbers = page_numbers(span)
+        page, end = numbers.start, numbers.stop
+        while page < end:
+            count = min(IMAGE_CHUNK_PAGES, end - page)
+            data = await self._memory.read_window(vcpu, page * PAGE_SIZE, count * PAGE_SIZE)
+            whole = min(len(data) // PAGE_SIZE, count)
+            for index in range(whole):
+                pages[page + index] = data[index * PAGE_SIZE : (index + 1) * PAGE_SIZE]
+            page += whole if whole == count else whole + 1
+        return SparseBytes(span, pages)
+
     def forget(self) -> None:
         """Drop every address space's maps (a new connection: other processes)."""
         self._known.clear()
+
+
+def _given(
+    step: Callable[[MemoryReader, LoadedHeaders], LoadedHeaders], headers: LoadedHeaders
+) -> Callable[[MemoryReader], LoadedHeaders]:
+    return lambda memory: step(memory, headers)
 
 
 def _runs_known(known: _Known, pc: int | None) -> bool:

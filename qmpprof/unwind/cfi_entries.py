@@ -15,6 +15,7 @@ records why and moves on to the next.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from qmpprof.errors import BadCfi
@@ -200,6 +201,13 @@ def parse_section(
     name = ".eh_frame" if eh_frame else ".debug_frame"
     entries, problems = _split_entries(data, name)
     parser = _Parser(data, address, eh_frame, address_size, entries)
+    return SectionEntries(_fdes_of(parser, entries, name, problems), problems)
+
+
+def _fdes_of(
+    parser: _Parser, entries: list[_Entry], name: str, problems: list[str]
+) -> list[FdeEntry]:
+    """The FDEs among `entries`; why each that cannot be read is added to `problems`."""
     fdes: list[FdeEntry] = []
     for entry in entries:
         try:
@@ -209,7 +217,7 @@ def parse_section(
             continue
         if fde is not None and fde.end > fde.start:
             fdes.append(fde)
-    return SectionEntries(fdes, problems)
+    return fdes
 
 
 def _split_entries(data: bytes, name: str) -> tuple[list[_Entry], list[str]]:
@@ -358,3 +366,47 @@ class _Parser:
             raise BadCfi("truncated augmentation data")
         reader.position = end
         return encoding, signal
+
+
+def parse_listed(
+    data: bytes, address: int, offsets: list[int], readable: Callable[[int, int], bool]
+) -> SectionEntries:
+    """The FDEs at `offsets` of an .eh_frame at `address` of which only the bytes
+    `readable(offset, size)` says were read are real (the rest: holes, as in an
+    .eh_frame read from a process's memory, found through .eh_frame_hdr's table). An
+    FDE, or its CIE, that is not wholly readable is left out and counted."""
+    entries: dict[int, _Entry] = {}
+    problems: list[str] = []
+    fde_entries = []
+    for offset in sorted(set(offsets)):
+        entry = _readable_entry(data, offset, readable)
+        cie = _readable_entry(data, _cie_offset(data, entry), readable) if entry else None
+        if entry is None or cie is None:
+            problems.append(f".eh_frame entry at offset {offset:#x}: not readable")
+            continue
+        entries[entry.offset] = entry
+        entries[cie.offset] = cie
+        fde_entries.append(entry)
+    parser = _Parser(data, address, True, 8, list(entries.values()))
+    return SectionEntries(_fdes_of(parser, fde_entries, ".eh_frame", problems), problems)
+
+
+def _readable_entry(
+    data: bytes, offset: int | None, readable: Callable[[int, int], bool]
+) -> _Entry | None:
+    """The 32-bit-length entry at `offset` when all of it was read."""
+    if offset is None or offset < 0 or not readable(offset, 8):
+        return None
+    length = _U32.unpack_from(data, offset)[0]
+    end = offset + 4 + length
+    if length < 4 or length == 0xFFFF_FFFF or end > len(data) or not readable(offset, 4 + length):
+        return None
+    return _Entry(offset, offset + 4, 4, end)
+
+
+def _cie_offset(data: bytes, entry: _Entry | None) -> int | None:
+    """Where an .eh_frame FDE's CIE is (its pointer counts back from itself)."""
+    if entry is None:
+        return None
+    pointer = _U32.unpack_from(data, entry.id_offset)[0]
+    return entry.id_offset - pointer if pointer else None

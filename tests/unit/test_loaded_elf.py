@@ -1,0 +1,116 @@
+"""A library as its process has it loaded, with no host file (guest/loaded_elf.py): its
+dynamic symbols and .eh_frame read from memory laid out as ld.so lays it out, at a
+random base. On shared libraries gcc builds here (data/userlib.c) and Debian's libc of
+the Linux test guest's sysroot when it is built; nm and qmpprof's reading of the file
+itself (load_module) say what the right answers are."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from qmpprof.guest.loaded_elf import read_loaded_module
+from qmpprof.memory import WindowMemory
+from qmpprof.model import MemoryWindow
+from qmpprof.modules import load_module
+from qmpprof.user_files import UserFiles
+from tests.seeds import seeded
+from tests.unit.conftest import build_elf
+from tests.unit.loaded_image import PAGE, loaded
+
+SHARED = ("-shared", "-fPIC", "-O2", "-Wl,--build-id")
+LIBC = Path(__file__).parents[2] / "examples/linux/build/sysroot/lib/x86_64-linux-gnu/libc.so.6"
+GUEST_PATH = "/usr/lib/x86_64-linux-gnu/libuser.so.1"
+
+
+def random_base(name: str) -> int:
+    return 0x7F00_0000_0000 + seeded(name).randrange(1 << 28) * PAGE
+
+
+def exported_functions(path: Path) -> dict[int, set[str]]:
+    """nm -D's defined functions (T, W: not IFUNC resolvers, which qmpprof leaves out),
+    by address."""
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", "-S", str(path)], capture_output=True, text=True, check=True
+    ).stdout
+    found: dict[int, set[str]] = {}
+    for parts in (line.split() for line in out.splitlines()):
+        if len(parts) == 4 and parts[2] in "TtWw" and int(parts[1], 16):
+            found.setdefault(int(parts[0], 16), set()).add(parts[3].split("@")[0])
+    return found
+
+
+def check_against_file(path: Path, guest_path: str) -> None:
+    base = random_base(path.name)
+    memory, mapping, _ = loaded(path, base, guest_path)
+    module = read_loaded_module(memory, mapping)
+    assert module is not None and module.from_guest
+    reference = load_module(path)
+    assert module.build_id == reference.build_id and module.loads == reference.loads
+    nm = exported_functions(path)
+    names = {s.address: s.name for s in module.symbols._symbols}
+    assert set(names) == set(nm) and all(names[a] in nm[a] for a in names)
+    starts = sorted(f.start for f in reference.cfi._fdes)
+    assert sorted(f.start for f in module.cfi._fdes) == starts
+    for start in starts:
+        assert module.cfi.row_for(start + 1) == reference.cfi.row_for(start + 1)
+
+
+def test_a_built_library_reads_as_its_file_says(tmp_path: Path) -> None:
+    check_against_file(build_elf("userlib.c", tmp_path, *SHARED), GUEST_PATH)
+
+
+@pytest.mark.skipif(not LIBC.is_file(), reason="no sysroot: make -C examples/linux")
+def test_debians_libc_reads_as_its_file_says() -> None:
+    check_against_file(LIBC, "/lib/x86_64-linux-gnu/libc.so.6")
+
+
+def test_no_name_past_a_symbols_size(tmp_path: Path) -> None:
+    built = build_elf("userlib.c", tmp_path, *SHARED)
+    memory, mapping, _ = loaded(built, random_base("size"), GUEST_PATH)
+    module = read_loaded_module(memory, mapping)
+    assert module is not None
+    symbol = module.symbols.find("userlib_exported")
+    assert symbol is not None and module.symbols.lookup(symbol.address + symbol.size) is None
+    assert module.symbols.find("userlib_hidden") is None  # static: not in .dynsym
+
+
+def test_pages_never_touched_leave_their_fdes_out(tmp_path: Path) -> None:
+    """The .eh_frame's pages missing (the process never read them): no FDE, no wrong one;
+    the symbols still read."""
+    built = build_elf("userlib.c", tmp_path, *SHARED)
+    memory, mapping, _ = loaded(built, random_base("holes"), GUEST_PATH)
+    reference = load_module(built)
+    frame = next(f for f in reference.cfi._fdes)
+    hole = (frame.entry.instructions_address - reference.loads[0].address) // PAGE * PAGE
+    windows = [w for w in memory._windows]
+    base = mapping.start - mapping.offset
+    kept = []
+    for start, end, data in windows:
+        for at in range(start, end, PAGE):
+            if at != base + hole:
+                kept.append(MemoryWindow(at, data[at - start : at - start + PAGE]))
+    module = read_loaded_module(WindowMemory(kept), mapping)
+    assert module is not None and len(module.symbols) > 0
+    assert len(module.cfi) < len(reference.cfi)
+    for fde in module.cfi._fdes:
+        assert reference.cfi.row_for(fde.start) == module.cfi.row_for(fde.start)
+
+
+def test_a_build_id_not_the_maps_is_refused(tmp_path: Path) -> None:
+    built = build_elf("userlib.c", tmp_path, *SHARED)
+    memory, mapping, _ = loaded(built, random_base("id"), GUEST_PATH)
+    assert read_loaded_module(memory, replace(mapping, build_id=b"\x01" * 20)) is None
+
+
+def test_user_files_hands_out_the_guest_copy(tmp_path: Path) -> None:
+    built = build_elf("userlib.c", tmp_path, *SHARED)
+    memory, mapping, _ = loaded(built, random_base("files"), GUEST_PATH)
+    files = UserFiles()
+    assert files.wants_guest_copy(mapping) and files.module_for(mapping) is None
+    module = read_loaded_module(memory, mapping)
+    files.add_guest_copy(mapping, module)
+    assert not files.wants_guest_copy(mapping) and files.module_for(mapping) is module
