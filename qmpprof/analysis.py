@@ -133,6 +133,10 @@ class Analyzer:
                 kept.append(module)
         return tuple(kept)
 
+    def forget_address_spaces(self) -> None:
+        """Build each sample's address space anew: `files` knows more files now."""
+        self._spaces.clear()
+
     def kernel_module_at(self, address: int) -> KernelModule | None:
         """The placed module whose text holds `address`, if any."""
         return next((m for m in self.kernel_modules if m.base <= address < m.end), None)

@@ -129,7 +129,8 @@ class Capturer:
 
     async def _with_process_maps(self, sample: CapturedSample) -> CapturedSample:
         """`sample` with its process's file mappings: examined with those its address
-        space had last (the same, nearly always), again if the maps read now differ."""
+        space had last (the same, nearly always), again if the maps read now differ or
+        files with no host copy were just read from the guest."""
         raw, process = sample.raw, sample.process
         if self.maps is None or process is None or process.pid is None:
             return sample  # no Linux maps, or a kernel thread or idle task: no user part
@@ -141,7 +142,11 @@ class Capturer:
             return sample
         user_pc = next((f.address for f in sample.stack.frames if f.address < KERNEL_HALF), None)
         found = await self.maps.maps_for(raw.registers, task, user_pc, process.pid)
-        if found is None or found == raw.file_maps:
+        if found is None:
+            return sample
+        if await self.maps.read_guest_copies(raw.registers, found, self._analyzer.files):
+            self._analyzer.forget_address_spaces()  # built before the guest copies came
+        elif found == raw.file_maps:
             return sample
         self._last_maps[raw.address_space] = found
         return await self._complete(replace(raw, file_maps=found))

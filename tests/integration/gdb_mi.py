@@ -186,5 +186,8 @@ GCC_CLONE = re.compile(r"(?:\.(?:part|isra|constprop|cold|lto_priv|localalias)(?
 
 def same_function(name: str | None, aliases: dict[str, str]) -> str | None:
     """`name` as both sides of a comparison spell it: one name per address (`aliases`,
-    from text_aliases), GCC's clone suffixes dropped."""
-    return GCC_CLONE.sub("", aliases.get(name, name)) if name else name
+    from text_aliases), GCC's clone suffixes and symbol versions (`@@GLIBC_2.34`: nm
+    lists them, the dynamic symbol table names the symbol without) dropped."""
+    if not name:
+        return name
+    return GCC_CLONE.sub("", aliases.get(name, name)).split("@", 1)[0]
