@@ -1,4 +1,4 @@
-"""speedscope's own file format (`.speedscope.json`): one sampled profile per vCPU and process.
+"""speedscope's own file format (`.speedscope.json`): one sampled profile per vCPU and thread.
 
 The format is published as https://www.speedscope.app/file-format-schema.json; speedscope
 shows each profile in time order ("Time Order"), merged ("Left Heavy") and by function
@@ -37,12 +37,12 @@ def speedscope_document(
 ) -> dict[str, Any]:
     """The speedscope file as a JSON-ready dict, profiles ordered by vCPU then process."""
     frames = _FrameTable()
-    profiles: dict[tuple[int, str], _Profile] = {}
+    profiles: dict[tuple[int, str, int], _Profile] = {}
     for sample in sorted(samples, key=lambda s: s.time):
         counted_frames = counted(sample, scope, include_idle)
         if counted_frames:
-            key = (sample.vcpu, sample.label())
-            profile = profiles.setdefault(key, _Profile(f"vCPU {key[0]} — {key[1]}"))
+            key = (sample.vcpu, sample.label(), _thread(sample))
+            profile = profiles.setdefault(key, _Profile(_profile_name(*key)))
             profile.stacks.append([frames.index(f) for f in reversed(counted_frames)])
     return {
         "$schema": SCHEMA,
@@ -52,6 +52,19 @@ def speedscope_document(
         "shared": {"frames": frames.entries},
         "profiles": [profiles[key].as_json(recording.period_s) for key in sorted(profiles)],
     }
+
+
+def _thread(sample: Sample) -> int:
+    """The sample's thread id when it is not its process's main thread, else -1."""
+    process = sample.process
+    if process is None or process.tid is None or process.tid == process.pid:
+        return -1
+    return process.tid
+
+
+def _profile_name(vcpu: int, label: str, thread: int) -> str:
+    name = f"vCPU {vcpu} — {label}"
+    return f"{name}, thread {thread}" if thread >= 0 else name
 
 
 def recording_title(recording: Recording) -> str:
@@ -80,7 +93,7 @@ class _FrameTable:
 
 @dataclass
 class _Profile:
-    """One vCPU's samples in one process, in time order, as frame indexes root first."""
+    """One vCPU's samples in one thread, in time order, as frame indexes root first."""
 
     name: str
     stacks: list[list[int]] = field(default_factory=list)

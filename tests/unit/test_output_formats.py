@@ -13,7 +13,7 @@ import re
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -467,3 +467,16 @@ def test_svg_a_symbol_named_like_an_address_sits_beside_the_unknown_frame(tmp_pa
     write_flamegraph([unknown, same_name], RECORDING, tmp_path / "same.svg")
     frames = list(svg_frames(ET.fromstring((tmp_path / "same.svg").read_bytes())))
     assert [f.samples for f in frames if f.name == leaf.label()] == [1, 1]
+
+
+def test_speedscope_has_one_profile_per_thread_of_a_process(tmp_path: Path) -> None:
+    """Two threads of `pinned (90)` on one vCPU: the main thread's profile is named after
+    the process, the other's after its thread id too."""
+    sample = realistic_samples()[0]
+    threads = [replace(sample, vcpu=4, process=Process(90, "pinned", tid)) for tid in (90, 91, 91)]
+    path = tmp_path / "threads.speedscope.json"
+    write_speedscope(threads, RECORDING, path)
+    document = json.loads(path.read_text())
+    check_speedscope_schema(document)
+    profiles = {p["name"]: len(p["samples"]) for p in document["profiles"]}
+    assert profiles == {"vCPU 4 — pinned (90)": 1, "vCPU 4 — pinned (90), thread 91": 2}
