@@ -18,6 +18,7 @@ from qmpprof.model import FileMapping, KernelModule, MemoryWindow
 from qmpprof.symbols.elf import Symbol, SymbolTable, read_code_symbols
 from qmpprof.symbols.elf_file import open_elf
 from qmpprof.symbols.image import code_sections
+from qmpprof.symbols.plt import plt_symbols
 from qmpprof.unwind.cfi import CfiTable, load_cfi
 from qmpprof.unwind.orc import OrcTable, read_orc
 
@@ -95,11 +96,13 @@ def load_module(path: str | Path, name: str | None = None, debug: Path | None = 
         extent = _extent(sections)
         orc = read_orc(elf, extent[1])
         loads = load_segments(elf)
+        stubs = plt_symbols(elf)
     if debug is not None:
         with open_elf(debug) as debug_elf:
             detailed = read_code_symbols(debug_elf)
         debug = debug if len(detailed) > len(symbols) else None
         symbols = detailed if debug is not None else symbols
+    symbols += stubs
     cfi = load_cfi(path)
     code = WindowMemory(sections)
     table = SymbolTable(path.name, symbols)

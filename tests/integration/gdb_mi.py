@@ -188,6 +188,6 @@ def same_function(name: str | None, aliases: dict[str, str]) -> str | None:
     """`name` as both sides of a comparison spell it: one name per address (`aliases`,
     from text_aliases), GCC's clone suffixes and symbol versions (`@@GLIBC_2.34`: nm
     lists them, the dynamic symbol table names the symbol without) dropped."""
-    if not name:
+    if not name or name.endswith("@plt"):  # a PLT stub's name: no alias, no version
         return name
     return GCC_CLONE.sub("", aliases.get(name, name)).split("@", 1)[0]

@@ -205,20 +205,11 @@ def sysroot_aliases(sysroot: Path, maps: list[Mapping]) -> dict[str, str]:
     return aliases
 
 
-def gdb_name(function: str | None, aliases: dict[str, str]) -> str | None:
-    """GDB's name as qmpprof would spell it. GDB makes up names for PLT stubs from their
-    relocations (`*ABS*+0x9be70@plt`, libc's own IRELATIVE stubs); qmpprof names no PLT
-    stub yet (its frame reads `libc.so.6+0x28290`): there only the address is compared."""
-    if function is not None and function.endswith("@plt"):
-        return None
-    return same_function(function, aliases)
-
-
 def disagreements(run: Run) -> list[str]:
     aliases = sysroot_aliases(guest_sysroot(), run.maps)
     found = []
     for gdb, ours in zip(run.stacks, run.ours, strict=True):
-        theirs = [replace(f, function=gdb_name(f.function, aliases)) for f in gdb]
+        theirs = [replace(f, function=same_function(f.function, aliases)) for f in gdb]
         mine = [(address, same_function(name, aliases)) for address, name in ours]
         if not agree(theirs, mine):
             found.append(f"gdb:     {[(hex(f.address), f.function) for f in theirs]}\n"
