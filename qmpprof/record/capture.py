@@ -141,7 +141,10 @@ class Capturer:
             return sample
         user_pc = next((f.address for f in sample.stack.frames if f.address < KERNEL_HALF), None)
         found = await self.maps.maps_for(raw.registers, task, user_pc, process.pid)
-        if found is None or found == raw.file_maps:
+        added = await self.maps.read_guest_copies(raw.registers, found or (), self._analyzer.files)
+        if added:
+            self._analyzer._spaces.clear()
+        if found is None or (found == raw.file_maps and not added):
             return sample
         self._last_maps[raw.address_space] = found
         return await self._complete(replace(raw, file_maps=found))
