@@ -18,7 +18,7 @@ from qmpprof.guest.dwarf_types import read_layout
 from qmpprof.guest.linux import LinuxAdapter
 from qmpprof.memory import MemoryReader
 from qmpprof.model import FileMapping, RegisterSet
-from qmpprof.record.process_maps import UNREADABLE, PageReader
+from qmpprof.record.page_reader import UNREADABLE, PageReader
 from qmpprof.target.memory import MemoryBackend
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.registers import parse_all

@@ -13,6 +13,12 @@ by the header for 64-bit kernels (256-byte nodes, type in the encoded pointer's 
 Mount points are not crossed: a path is from its filesystem's root (the whole path for a
 file on the root filesystem, as in the Linux test guest).
 
+Each mapping also keeps its file's `struct file *` and the process's VMAs of that file
+(FileSource), so a page of the file the process never touched can be found in the
+page cache (guest/linux_page_cache.py): a VMA with an anon_vma may hold private copies
+of its pages, which the page cache does not have, so none of its pages are taken from
+there.
+
 Two resumable walks, each raising MemoryFault for what it reads next (the caller reads
 it and calls again; nothing read twice): `MapsWalk` over kernel memory gives the
 mappings with their paths, and `BuildIdRead` over the process's own memory reads a
@@ -49,6 +55,7 @@ PATH_MAX = 4096
 NAME_MAX = 255
 VM_EXEC = 0x4
 PAGE_SHIFT = 12
+PAGE_SIZE = 1 << PAGE_SHIFT
 
 # The maple tree's encoding (include/linux/maple_tree.h, lib/maple_tree.c).
 NODE_SIZE = 256
@@ -86,6 +93,7 @@ _STRUCTS = {"task_struct", "mm_struct", "maple_tree", "vm_area_struct", "file", 
 _STRUCTS |= {"dentry", "qstr"}
 _MEMBERS = (
     *("mm", "mm_mt", "ma_root", "vm_start", "vm_end", "vm_pgoff", "vm_flags", "vm_file"),
+    "anon_vma",
     *("f_path", "dentry", "d_name", "d_parent", "len", "name"),
 )
 #: The most bytes of one struct read at once (a VMA, a dentry).
@@ -107,10 +115,13 @@ class MapsLayout:
     d_parent: int
     d_len: int  # d_name.len (u32)
     d_name: int  # d_name.name (pointer)
+    #: vm_area_struct.anon_vma; None: unknown, so every VMA may hold private copies.
+    vm_anon_vma: int | None = None
 
     @property
     def vma_span(self) -> int:
-        return max(self.vm_start, self.vm_end, self.vm_flags, self.vm_pgoff, self.vm_file) + 8
+        fields = (self.vm_start, self.vm_end, self.vm_flags, self.vm_pgoff, self.vm_file)
+        return max(*fields, self.vm_anon_vma or 0) + 8
 
     @property
     def dentry_span(self) -> int:
@@ -139,6 +150,7 @@ class MapsLayout:
             s["dentry"]["d_parent"].offset,
             name + s["qstr"]["len"].offset,
             name + s["qstr"]["name"].offset,
+            vma["anon_vma"].offset if "anon_vma" in vma else None,
         )
         spans_fit = layout.vma_span <= MAX_SPAN and layout.dentry_span <= MAX_SPAN
         return layout if spans_fit and layout.task_mm < 1 << 16 else None
@@ -148,6 +160,37 @@ class MapsLayout:
 def maps_layout(path: Path) -> MapsLayout | None:
     """The layout in the vmlinux at `path`; None when its DWARF lacks a part."""
     return MapsLayout.from_members(read_layout(path, set(), _STRUCTS, _MEMBERS).structs)
+
+
+#: The most VMAs of one file kept in its FileSource (a library has about five).
+MAX_FILE_VMAS = 64
+
+
+@dataclass(frozen=True)
+class FileVma:
+    """One VMA of a file: `copied` when it may hold private copies of its pages."""
+
+    start: int
+    end: int
+    pgoff: int
+    copied: bool
+
+
+@dataclass(frozen=True)
+class FileSource:
+    """A mapped file's `struct file *` and the process's VMAs of it: where the page
+    cache has what the process sees at an address it never touched."""
+
+    file: int
+    vmas: tuple[FileVma, ...]
+
+    def page_index(self, address: int) -> int | None:
+        """The index in the file (in pages) of the page at `address`, None when no VMA
+        of the file maps it or its VMA may hold a private copy of it."""
+        for vma in self.vmas:
+            if vma.start <= address < vma.end:
+                return None if vma.copied else vma.pgoff + (address - vma.start) // PAGE_SIZE
+        return None
 
 
 @dataclass(frozen=True)
@@ -161,6 +204,7 @@ class MappedFile:
     path: str
     header: int | None
     header_size: int = 0
+    source: FileSource | None = None
 
     def with_build_id(self, build_id: bytes | None) -> FileMapping:
         return FileMapping(self.start, self.end, self.offset, self.path, build_id)
@@ -192,6 +236,7 @@ class _Vma:
     flags: int
     pgoff: int
     file: int
+    copied: bool
 
 
 @dataclass
@@ -296,7 +341,8 @@ class MapsWalk:
             return int(_U64.unpack_from(span, offset)[0])
 
         start, end, flags = word(layout.vm_start), word(layout.vm_end), word(layout.vm_flags)
-        return _Vma(start, end, flags, word(layout.vm_pgoff), word(layout.vm_file))
+        anon = 1 if layout.vm_anon_vma is None else word(layout.vm_anon_vma)
+        return _Vma(start, end, flags, word(layout.vm_pgoff), word(layout.vm_file), anon != 0)
 
     def _executable_files(self) -> list[_Vma]:
         """The executable VMAs of a file, in address order, once all are read; every
@@ -314,14 +360,22 @@ class MapsWalk:
 
     def _mapped(self, executable: list[_Vma]) -> tuple[MappedFile, ...]:
         headers: dict[int, _Vma] = {}
+        of_file: dict[int, list[FileVma]] = {}
         for vma in sorted(self._state.read_vmas, key=lambda v: v.start):
-            if vma.pgoff == 0 and vma.start < vma.end <= KERNEL_HALF:
+            if not vma.start < vma.end <= KERNEL_HALF or vma.pgoff >> 52:
+                continue
+            if vma.pgoff == 0:
                 headers.setdefault(vma.file, vma)
+            kept = of_file.setdefault(vma.file, [])
+            if len(kept) < MAX_FILE_VMAS:
+                kept.append(FileVma(vma.start, vma.end, vma.pgoff, vma.copied))
         found = []
         for vma, path in zip(executable, self._state.paths, strict=True):
             header = headers.get(vma.file)
             start, size = (header.start, header.end - header.start) if header else (None, 0)
-            found.append(MappedFile(vma.start, vma.end, vma.pgoff << PAGE_SHIFT, path, start, size))
+            source = FileSource(vma.file, tuple(of_file.get(vma.file, ())))
+            offset = vma.pgoff << PAGE_SHIFT
+            found.append(MappedFile(vma.start, vma.end, offset, path, start, size, source))
         return tuple(found)
 
     def _path(self, memory: MemoryReader, file: int) -> str:

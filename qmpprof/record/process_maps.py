@@ -28,16 +28,13 @@ one read. `stats` counts walks, failed walks and reads.
 
 from __future__ import annotations
 
-import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
-from qmpprof.errors import MemoryFault
 from qmpprof.guest.adapter import OsAdapter
 from qmpprof.guest.linux import LinuxAdapter
-from qmpprof.guest.linux_maps import BuildIdRead, MapsLayout, MapsWalk, maps_layout
+from qmpprof.guest.linux_maps import BuildIdRead, FileSource, MapsLayout, MapsWalk, maps_layout
 from qmpprof.guest.loaded_elf import (
     LoadedHeaders,
     LoadedHeadersRead,
@@ -50,91 +47,30 @@ from qmpprof.guest.loaded_elf import (
 from qmpprof.memory import MemoryReader
 from qmpprof.model import FileMapping, RegisterSet
 from qmpprof.modules import Module
+from qmpprof.record.file_pages import FileBackedMemory, PageCache
+from qmpprof.record.page_reader import PAGE_SIZE, UNREADABLE, PageReader
 from qmpprof.target.memory import MemoryBackend
 from qmpprof.user_files import UserFiles
 
 REREAD_INTERVAL_S = 1.0
 #: Pages asked for at once when reading a loaded file's tables (guest/loaded_elf.py).
 IMAGE_CHUNK_PAGES = 16
-#: Pages read at most by one walk: 16 MiB, far more than a tree of MAX_VMAS entries
-#: packed in slab pages takes; a hostile tree ends there, as a failed walk.
-MAX_READS = 4096
-PAGE_SIZE = 4096
 #: CR3's address bits: the low 12 are PCID (or flags), the top bit is "no flush".
 _CR3_ADDRESS = 0x000F_FFFF_FFFF_F000
-T = TypeVar("T")
-
-
-class PageMemory:
-    """A MemoryReader over the guest pages read so far; reading any other faults."""
-
-    def __init__(self) -> None:
-        self.pages: dict[int, bytes] = {}
-
-    def read(self, address: int, size: int) -> bytes:
-        first, last = address // PAGE_SIZE, (address + size - 1) // PAGE_SIZE
-        if size <= 0 or last - first > 1 or last >= (1 << 64) // PAGE_SIZE:
-            raise MemoryFault(address, size)
-        parts = [self.pages.get(page) for page in range(first, last + 1)]
-        if any(part is None for part in parts):
-            raise MemoryFault(address, size)
-        data = b"".join(part for part in parts if part is not None)
-        start = address % PAGE_SIZE
-        return data[start : start + size]
-
-    def read_u64(self, address: int) -> int:
-        return int.from_bytes(self.read(address, 8), "little")
-
-
-class PageReader:
-    """Runs pure steps that raise MemoryFault (a walk's `advance`), satisfying each
-    fault by reading whole pages through the backend with `vcpu`'s page tables; the
-    pages are kept, so nothing is read twice."""
-
-    def __init__(self, memory: MemoryBackend, vcpu: int) -> None:
-        self._memory = memory
-        self._vcpu = vcpu
-        self.pages = PageMemory()
-        self.reads = 0
-
-    async def run(self, step: Callable[[MemoryReader], T]) -> T | _Unreadable:
-        """`step`'s result, or UNREADABLE when memory it needs cannot be read (or the
-        reads would pass MAX_READS)."""
-        while True:
-            try:
-                return step(self.pages)
-            except MemoryFault as fault:
-                if not await self._fetch(fault):
-                    return UNREADABLE
-
-    async def _fetch(self, fault: MemoryFault) -> bool:
-        first = fault.address // PAGE_SIZE * PAGE_SIZE
-        size = -(-(fault.address + fault.size - first) // PAGE_SIZE) * PAGE_SIZE
-        if self.reads >= MAX_READS or size > 2 * PAGE_SIZE or first + size > 1 << 64:
-            return False
-        self.reads += 1
-        data = await self._memory.read_window(self._vcpu, first, size)
-        for at in range(0, len(data) - PAGE_SIZE + 1, PAGE_SIZE):
-            self.pages.pages[(first + at) // PAGE_SIZE] = data[at : at + PAGE_SIZE]
-        return fault.address + fault.size <= first + len(data) // PAGE_SIZE * PAGE_SIZE
-
-
-class _Unreadable(enum.Enum):
-    UNREADABLE = enum.auto()
-
-
-UNREADABLE = _Unreadable.UNREADABLE
 
 
 @dataclass(frozen=True)
 class MapsRead:
     """One walk's answer: the executable file mappings, every executable range (file or
-    not), the reads (page windows) it took, and whether the task had an mm at all."""
+    not), the reads (page windows) it took, and whether the task had an mm at all;
+    `sources`, one for each of `files`: its `struct file *` and VMAs (for the page
+    cache; kept beside the FileMappings, which name a file, not a kernel object)."""
 
     files: tuple[FileMapping, ...]
     executable: tuple[tuple[int, int], ...]
     reads: int
     has_mm: bool
+    sources: tuple[FileSource | None, ...] = ()
 
 
 async def read_maps(
@@ -154,7 +90,8 @@ async def read_maps(
             read = await reader.run(BuildIdRead(mapped.header, mapped.header_size).advance)
             build_id = None if read is UNREADABLE else read
         found.append(mapped.with_build_id(build_id))
-    return MapsRead(tuple(found), tuple(walk.executable), reader.reads, walk.has_mm)
+    sources = tuple(mapped.source for mapped in files)
+    return MapsRead(tuple(found), tuple(walk.executable), reader.reads, walk.has_mm, sources)
 
 
 @dataclass
@@ -170,6 +107,8 @@ class MapsStats:
     images: int = 0
     images_failed: int = 0
     image_bytes: int = 0
+    #: Of those bytes, pages the process had not touched, read from the page cache.
+    cached_pages: int = 0
 
 
 @dataclass
@@ -177,6 +116,7 @@ class _Known:
     files: tuple[FileMapping, ...] | None
     executable: tuple[tuple[int, int], ...]
     read_at: float
+    sources: tuple[FileSource | None, ...] = ()
 
 
 class ProcessMaps:
@@ -188,10 +128,13 @@ class ProcessMaps:
         layout: MapsLayout,
         memory: MemoryBackend,
         clock: Callable[[], float] = time.monotonic,
+        page_cache: PageCache | None = None,
     ) -> None:
+        """`page_cache`: where to find a file's pages its process never touched."""
         self._layout = layout
         self._memory = memory
         self._clock = clock
+        self._page_cache = page_cache
         self._known: dict[tuple[int, int | None], _Known] = {}
         self.stats = MapsStats()
 
@@ -204,7 +147,11 @@ class ProcessMaps:
         if kernel is None or not isinstance(adapter, LinuxAdapter):
             return None
         layout = maps_layout(kernel.path)
-        return None if layout is None else cls(layout, memory)
+        if layout is None:
+            return None
+        return cls(
+            layout, memory, page_cache=PageCache.of_kernel(kernel.path, lambda: adapter.bias)
+        )
 
     async def maps_for(
         self,
@@ -237,7 +184,7 @@ class ProcessMaps:
             return _Known(before.files, before.executable, now) if before else _Known(None, (), now)
         self.stats.reads += done.reads
         self.stats.most_reads = max(self.stats.most_reads, done.reads)
-        return _Known(done.files, done.executable, now) if done.has_mm else None
+        return _Known(done.files, done.executable, now, done.sources) if done.has_mm else None
 
     async def read_guest_copies(
         self, registers: RegisterSet, maps: tuple[FileMapping, ...], files: UserFiles
@@ -247,17 +194,36 @@ class ProcessMaps:
         symbols, guest/loaded_elf.py), handed to `files` (UserFiles.add_guest_copy).
         Whether a file was added: an address space built before lacks it."""
         added = False
-        for mapping in maps:
+        sources = self._sources(registers, maps)
+        for mapping, source in zip(maps, sources, strict=True):
             if not files.wants_guest_copy(mapping):
                 continue
-            module = await self._guest_copy(registers.vcpu, mapping)
+            memory = self._memory
+            if source is not None and self._page_cache is not None:
+                memory = FileBackedMemory(memory, registers.vcpu, source, self._page_cache)
+            before = self._page_cache.pages if self._page_cache else 0
+            module = await self._guest_copy(memory, registers.vcpu, mapping)
+            self.stats.cached_pages += (self._page_cache.pages if self._page_cache else 0) - before
             files.add_guest_copy(mapping, module)
             added = True
         return added
 
-    async def _guest_copy(self, vcpu: int, mapping: FileMapping) -> Module | None:
+    def _sources(
+        self, registers: RegisterSet, maps: tuple[FileMapping, ...]
+    ) -> tuple[FileSource | None, ...]:
+        """The FileSources of `maps` as the read of this address space that found them
+        has them; None each when no kept read did."""
+        cr3 = registers.cr3 & _CR3_ADDRESS
+        for (space, _), known in self._known.items():
+            if space == cr3 and known.files == maps and len(known.sources) == len(maps):
+                return known.sources
+        return (None,) * len(maps)
+
+    async def _guest_copy(
+        self, memory: MemoryBackend, vcpu: int, mapping: FileMapping
+    ) -> Module | None:
         self.stats.images += 1
-        reader = PageReader(self._memory, vcpu)
+        reader = PageReader(memory, vcpu)
         step = LoadedHeadersRead(mapping)
         headers = await reader.run(step.advance)
         if headers is UNREADABLE or headers is None:
@@ -267,29 +233,32 @@ class ProcessMaps:
         for add in step.more():
             added = await reader.run(_given(add, headers))
             headers = headers if added is UNREADABLE else added
-        pieces = {span: await self._sparse(vcpu, span) for span in headers.spans()}
+        pieces = {span: await _sparse(memory, vcpu, span) for span in headers.spans()}
         image = loaded_image(headers, pieces)
         self.stats.image_bytes += reader.reads * PAGE_SIZE + image.bytes_read
         return loaded_module(mapping, headers, image)
 
-    async def _sparse(self, vcpu: int, span: Span) -> SparseBytes:
-        """`span` read in windows of IMAGE_CHUNK_PAGES; a page that cannot be read (one
-        the process never touched) is a hole, stepped over."""
-        pages: dict[int, bytes] = {}
-        numbers = page_numbers(span)
-        page, end = numbers.start, numbers.stop
-        while page < end:
-            count = min(IMAGE_CHUNK_PAGES, end - page)
-            data = await self._memory.read_window(vcpu, page * PAGE_SIZE, count * PAGE_SIZE)
-            whole = min(len(data) // PAGE_SIZE, count)
-            for index in range(whole):
-                pages[page + index] = data[index * PAGE_SIZE : (index + 1) * PAGE_SIZE]
-            page += whole if whole == count else whole + 1
-        return SparseBytes(span, pages)
-
     def forget(self) -> None:
         """Drop every address space's maps (a new connection: other processes)."""
         self._known.clear()
+        if self._page_cache is not None:
+            self._page_cache.forget()
+
+
+async def _sparse(memory: MemoryBackend, vcpu: int, span: Span) -> SparseBytes:
+    """`span` read in windows of IMAGE_CHUNK_PAGES; a page that cannot be read (one the
+    process never touched, and not in the page cache) is a hole, stepped over."""
+    pages: dict[int, bytes] = {}
+    numbers = page_numbers(span)
+    page, end = numbers.start, numbers.stop
+    while page < end:
+        count = min(IMAGE_CHUNK_PAGES, end - page)
+        data = await memory.read_window(vcpu, page * PAGE_SIZE, count * PAGE_SIZE)
+        whole = min(len(data) // PAGE_SIZE, count)
+        for index in range(whole):
+            pages[page + index] = data[index * PAGE_SIZE : (index + 1) * PAGE_SIZE]
+        page += whole if whole == count else whole + 1
+    return SparseBytes(span, pages)
 
 
 def _given(

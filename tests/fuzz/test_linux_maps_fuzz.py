@@ -29,7 +29,7 @@ from tests.fuzz.budget import cases, counted
 from tests.fuzz.kernel_pages import BASE, PAGE, PAGES, RandomKernelPages
 
 #: Debian 6.1's offsets, as GDB prints them (tests/unit/data/linux/maps.json).
-LAYOUT = MapsLayout(2272, 8, 0, 8, 32, 104, 112, 24, 24, 36, 40)
+LAYOUT = MapsLayout(2272, 8, 0, 8, 32, 104, 112, 24, 24, 36, 40, 88)
 TASK = BASE
 
 

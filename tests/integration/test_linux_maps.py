@@ -23,7 +23,8 @@ from qmpprof.commands.connect import connected
 from qmpprof.guest.linux import LinuxAdapter
 from qmpprof.guest.linux_maps import maps_layout
 from qmpprof.model import FileMapping, RegisterSet
-from qmpprof.record.process_maps import UNREADABLE, PageReader, ProcessMaps, read_maps
+from qmpprof.record.page_reader import UNREADABLE, PageReader
+from qmpprof.record.process_maps import ProcessMaps, read_maps
 from tests.linux_tasks import TaskList, catch_running, proc_maps, started
 from tests.linux_vm import ROOT, LinuxGuest, kernel_abis, running_linux
 

@@ -32,7 +32,8 @@ from qmpprof.guest.linux_maps import (
 from qmpprof.memory import WindowMemory
 from qmpprof.model import FileMapping, MemoryWindow, RegisterSet
 from qmpprof.modules import load_module
-from qmpprof.record.process_maps import PAGE_SIZE, REREAD_INTERVAL_S, ProcessMaps
+from qmpprof.record.page_reader import PAGE_SIZE
+from qmpprof.record.process_maps import REREAD_INTERVAL_S, ProcessMaps
 from tests.linux_tasks import proc_maps
 from tests.unit.conftest import build_elf
 

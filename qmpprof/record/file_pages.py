@@ -1,0 +1,114 @@
+"""A guest file's pages as its process sees them, those it never touched included: read
+through the process's page tables, and where a page is in none (Linux maps file pages
+lazily), from the kernel's page cache (guest/linux_page_cache.py) when the process's
+VMA of that address would show the file's page unchanged.
+
+    cache = PageCache.of_kernel(kernel, slide=lambda: adapter.bias)   # None: no layout
+    memory = FileBackedMemory(backend, vcpu, source, cache)           # a MemoryBackend
+
+Only record/process_maps.py's reading of a file with no host copy uses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from qmpprof.guest.linux_maps import FileSource
+from qmpprof.guest.linux_page_cache import (
+    PAGE_SIZE,
+    MemoryBases,
+    PageCacheLayout,
+    file_page,
+    memory_bases,
+    page_cache_layout,
+)
+from qmpprof.memory import MemoryReader
+from qmpprof.model import RegisterSet
+from qmpprof.record.page_reader import UNREADABLE, PageReader
+from qmpprof.target.memory import MemoryBackend
+
+#: Pages of one window (a read of the process's memory) taken from the page cache at most.
+MAX_WINDOW_PAGES = 4096
+
+
+class PageCache:
+    """The kernel side: the layout, the two bases (read once per connection) and how
+    many pages were found there."""
+
+    def __init__(self, layout: PageCacheLayout, slide: Callable[[], int]) -> None:
+        self.layout = layout
+        self._slide = slide
+        self._bases: MemoryBases | None = None
+        #: Pages found in the page cache, and page lookups that found none.
+        self.pages = 0
+        self.missed = 0
+
+    @classmethod
+    def of_kernel(cls, path: Path, slide: Callable[[], int]) -> PageCache | None:
+        layout = page_cache_layout(path)
+        return None if layout is None else cls(layout, slide)
+
+    def forget(self) -> None:
+        """A new connection: the guest may have booted again (other bases)."""
+        self._bases = None
+
+    async def page(self, reader: PageReader, source: FileSource, address: int) -> bytes | None:
+        """The page at `address` (page-aligned) as the file's mapping there shows it,
+        from the page cache; None when it is not there or not the file's page."""
+        index = source.page_index(address)
+        if index is None:
+            return None
+        bases = self._bases or await reader.run(self._read_bases)
+        if bases is None or bases is UNREADABLE:
+            return None
+        self._bases = bases
+        layout = self.layout
+        found = await reader.run(lambda m: file_page(m, layout, bases, source.file, index))
+        data = b"" if found is None or found is UNREADABLE else await reader.read_page(found)
+        if len(data) != PAGE_SIZE:
+            self.missed += 1
+            return None
+        self.pages += 1
+        return data
+
+    def _read_bases(self, memory: MemoryReader) -> MemoryBases | None:
+        return memory_bases(memory, self.layout, self._slide())
+
+
+class FileBackedMemory:
+    """A MemoryBackend over one file's mapping in one process: a window reads what the
+    page tables map, then goes on in the page cache for as long as it has the pages."""
+
+    name = "file-pages"
+    through_monitor = False
+
+    def __init__(
+        self, memory: MemoryBackend, vcpu: int, source: FileSource, cache: PageCache
+    ) -> None:
+        self._memory = memory
+        self._source = source
+        self._cache = cache
+        self._kernel = PageReader(memory, vcpu)
+
+    def set_registers(self, registers: Sequence[RegisterSet]) -> None:
+        """Nothing: the backend it wraps was given them for this tick."""
+
+    async def read_window(self, cpu: int, address: int, size: int) -> bytes:
+        data = await self._memory.read_window(cpu, address, size)
+        at = address + len(data)
+        if len(data) >= size or at % PAGE_SIZE:
+            return data
+        parts = [data]
+        for _ in range(MAX_WINDOW_PAGES):
+            if at >= address + size:
+                break
+            page = await self._cache.page(self._kernel, self._source, at)
+            if page is None:
+                break
+            parts.append(page)
+            at += PAGE_SIZE
+        return b"".join(parts)[:size]
+
+    async def close(self) -> None:
+        """Nothing: the backend it wraps is closed by its owner."""
