@@ -170,7 +170,8 @@ class AddressSpace:
         mapping = self.mapping_at(address)
         if mapping is None or mapping.source is None:
             return None
-        return MappedFile(mapping.module.name, mapping.file_address(address), mapping.source)
+        offset = address - mapping.start + mapping.source.offset
+        return MappedFile(mapping.module.name, offset, mapping.source)
 
 
 class ModuleCode:

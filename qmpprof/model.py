@@ -171,10 +171,11 @@ class FileMapping:
 @dataclass(frozen=True)
 class MappedFile:
     """Where a guest address lies in a file a process map names: the file's name, the
-    file (link) address there, and the map's entry."""
+    offset in the file there (what pprof and perf's `file+offset` mean: the same with or
+    without the file's headers at hand), and the map's entry."""
 
     name: str
-    file_address: int
+    file_offset: int
     mapping: FileMapping
 
 
@@ -250,7 +251,7 @@ class Unsymbolized:
 @dataclass(frozen=True)
 class Frame:
     """A symbolized frame. `function` is None when no symbol covers the address; then
-    `offset` is its file address in `module`, the file mapped there (if any)."""
+    `offset` is its offset in `module`, the file mapped there (if any)."""
 
     address: FrameAddress
     function: str | None
@@ -264,7 +265,7 @@ class Frame:
         return is_kernel_address(self.address.address)
 
     def label(self) -> str:
-        """The name used in profiles: the function; else the file and the file address
+        """The name used in profiles: the function; else the file and the offset in it
         (`libc.so.6+0x2f1a0`); else the raw address."""
         if self.function is None and self.module is not None:
             return f"{self.module}+{self.offset:#x}"

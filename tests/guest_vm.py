@@ -55,13 +55,19 @@ class BareQmp:
         self._sock.connect(path)
         self._stream = self._sock.makefile("rw")
         self._stream.readline()
-        self.call("qmp_capabilities")
+        # A reply to the command a closed connection had running reaches the next one:
+        # skip every reply before the one to this id (as qmpprof's client does).
+        self.call("qmp_capabilities", id=f"bare-{id(self)}")
 
-    def call(self, command: str, arguments: dict[str, object] | None = None) -> object:
+    def call(
+        self, command: str, arguments: dict[str, object] | None = None, id: str | None = None
+    ) -> object:
         """The command's return value, or QEMU's error reply as it came."""
         message: dict[str, object] = {"execute": command}
         if arguments:
             message["arguments"] = arguments
+        if id is not None:
+            message["id"] = id
         self._stream.write(json.dumps(message, separators=(",", ":")))  # as qmpprof sends it
         self._stream.flush()
         while True:
@@ -69,7 +75,7 @@ class BareQmp:
             if not line:
                 raise ConnectionError("QMP connection closed")
             reply: dict[str, object] = json.loads(line)
-            if "event" not in reply:
+            if "event" not in reply and (id is None or reply.get("id") == id):
                 return reply.get("return", reply)
 
     def close(self) -> None:

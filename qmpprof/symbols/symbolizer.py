@@ -30,7 +30,7 @@ class Symbolizer:
 
     def symbolize(self, address: FrameAddress) -> Frame:
         """The frame for `address`; function None when no symbol covers it (its offset
-        then the file address, in the module mapped there, if any)."""
+        then the offset in the file mapped there, if any)."""
         frame = self._frames.get(address)
         if frame is None:
             frame = self._frames[address] = self._symbolize(address)
@@ -54,6 +54,6 @@ class Symbolizer:
         if found is not None and hit is not None:
             return hit[0].name, hit[1], found[0].name, mapping
         if in_file is not None:
-            # Which file still says something: `libc.so.6+0x2f1a0` (file address).
-            return None, in_file.file_address, in_file.name, mapping
+            # Which file still says something: `libc.so.6+0x2f1a0` (offset in the file).
+            return None, in_file.file_offset, in_file.name, mapping
         return None, 0, None, None

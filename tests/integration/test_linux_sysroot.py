@@ -127,8 +127,14 @@ def test_pprof_names_libc_with_its_mapping_path_and_build_id(
     go = shutil.which("go")
     if go is None:
         pytest.fail("go is needed (make consumers installs golang-go)")
-    profile = tmp_path / "p.pb.gz"
-    record(guest, profile, "--sysroot", str(guest_sysroot()))
+    profile, folded = tmp_path / "p.pb.gz", tmp_path / "p.folded"
+    record(guest, profile, "--sysroot", str(guest_sysroot()), "-o", str(folded))
+    for line in folded.read_text().splitlines():
+        stack = line.rsplit(" ", 1)[0].split(";")
+        if stack[0].startswith("dynwork (") and any(f.startswith("asm_") for f in stack):
+            # a kernel sample of the process (an interrupt taken in user mode): its user
+            # frames below the kernel's, down to _start
+            assert stack[1] == "_start", line
     raw = subprocess.run(
         [go, "tool", "pprof", "-raw", str(profile)], capture_output=True, text=True, check=True
     ).stdout

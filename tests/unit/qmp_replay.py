@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,8 +53,11 @@ class Replay:
             writer.close()
 
     async def _play(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        ids: dict[bytes, bytes] = {}  # recorded handshake id -> this client's
         for number, (who, data) in enumerate(self.chunks):
             if who == "qemu":
+                for recorded_id, client_id in ids.items():
+                    data = data.replace(recorded_id, client_id)
                 writer.write(data)
                 await writer.drain()
                 continue
@@ -62,9 +66,23 @@ class Replay:
             except asyncio.IncompleteReadError:
                 self.client_left_early = True
                 return
-            if got != data:
+            if not _same_but_for_id(got, data, ids):
                 self.mismatches.append(f"chunk {number}: sent {got!r}, recorded {data!r}")
                 return
+
+
+#: The handshake's id: unique to each qmpprof session (its pid and a clock), so a
+#: replayed client sends another one of the same length than the recording holds.
+_SESSION_ID = re.compile(rb'"id":"(qmpprof-[0-9]+-[0-9]+)"')
+
+
+def _same_but_for_id(got: bytes, recorded: bytes, ids: dict[bytes, bytes]) -> bool:
+    """Whether the client sent the recorded bytes, its session id aside (noted in `ids`)."""
+    mine, theirs = _SESSION_ID.search(got), _SESSION_ID.search(recorded)
+    if mine and theirs and _SESSION_ID.sub(b"", got) == _SESSION_ID.sub(b"", recorded):
+        ids[theirs.group(1)] = mine.group(1)
+        return True
+    return got == recorded
 
 
 async def serve(path: Path, replay: Replay) -> asyncio.Server:
