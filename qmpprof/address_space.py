@@ -110,10 +110,10 @@ def file_mappings(
         if placed and placed[-1].end > found.start:
             continue
         module = module_for(found)
-        link = module.file_address_of_offset(found.offset) if module is not None else None
-        if module is None or link is None:
-            module, link = unread_file(found), found.offset
-        placed.append(Mapping(module, found.start, found.end, found.start - link, found))
+        bias = module.bias_in(found) if module is not None else None
+        if module is None or bias is None:
+            module, bias = unread_file(found), found.start - found.offset
+        placed.append(Mapping(module, found.start, found.end, bias, found))
     return placed
 
 

@@ -68,13 +68,13 @@ class Module:
     #: Read from a guest process's memory (no host file): its path names none.
     from_guest: bool = False
 
-    def file_address_of_offset(self, offset: int) -> int | None:
-        """The file (link) address of the byte at file `offset` once the loader mapped
-        it: what a mapping that starts at that offset starts at, before its bias. None
-        when no PT_LOAD segment holds that offset."""
+    def bias_in(self, mapping: FileMapping) -> int | None:
+        """The load bias (guest = file address + bias) that puts this file's byte at
+        `mapping.offset` at `mapping.start`, as the loader placed it. None when no
+        PT_LOAD segment holds that offset."""
         for segment in self.loads:
-            if segment.offset <= offset < segment.offset + max(segment.file_size, 1):
-                return segment.address + offset - segment.offset
+            if segment.offset <= mapping.offset < segment.offset + max(segment.file_size, 1):
+                return mapping.start - (segment.address + mapping.offset - segment.offset)
         return None
 
     @property
@@ -137,9 +137,14 @@ def unread_module(loaded: KernelModule) -> Module:
 def unread_file(mapping: FileMapping) -> Module:
     """A guest file with no host copy: named by its file name, with no symbols, CFI or
     code (its frames read `NAME+offset`, and unwind by frame pointers)."""
-    name = PurePosixPath(mapping.path).name or mapping.path
+    name = file_name(mapping)
     empty = WindowMemory(())
     return Module(name, Path(mapping.path), SymbolTable(name, []), CfiTable([]), empty, None)
+
+
+def file_name(mapping: FileMapping) -> str:
+    """What a guest file's frames are named by: its file name (the path if it has none)."""
+    return PurePosixPath(mapping.path).name or mapping.path
 
 
 def guest_loaded_file(
@@ -153,7 +158,7 @@ def guest_loaded_file(
     and its .eh_frame's CFI (guest/loaded_elf.py), at file addresses. No code bytes (a
     return-site check there learns nothing). Its path, `[guest]/PATH`, is no host
     file's, so nothing reads source lines from a host file of the same name."""
-    name = PurePosixPath(mapping.path).name or mapping.path
+    name = file_name(mapping)
     path = Path(f"[guest]{mapping.path}")
     table = SymbolTable(name, symbols)
     empty = WindowMemory(())

@@ -127,10 +127,13 @@ class UserFiles:
         if self.sysroot is None:
             return None
         relative = guest_path.lstrip("/")
-        if not relative:
-            return None
-        candidate = Path(os.path.realpath(self.sysroot / relative))
-        return candidate if candidate.is_relative_to(self.sysroot) else None
+        return self._inside_sysroot(relative) if relative else None
+
+    def _inside_sysroot(self, relative: str | PurePosixPath) -> Path | None:
+        """`sysroot/relative` with its links followed, if it stays in the sysroot."""
+        assert self.sysroot is not None
+        resolved = Path(os.path.realpath(self.sysroot / relative))
+        return resolved if resolved.is_relative_to(self.sysroot) else None
 
     def _load(self, host_path: Path, build_id: bytes | None) -> Module | None:
         try:
@@ -143,9 +146,8 @@ class UserFiles:
         if self.sysroot is None or build_id is None or len(build_id) < 2:
             return None
         hex_id = build_id.hex()
-        path = self.sysroot / DEBUG_BY_BUILD_ID / hex_id[:2] / f"{hex_id[2:]}.debug"
-        resolved = Path(os.path.realpath(path))
-        return resolved if resolved.is_relative_to(self.sysroot) and resolved.is_file() else None
+        resolved = self._inside_sysroot(DEBUG_BY_BUILD_ID / hex_id[:2] / f"{hex_id[2:]}.debug")
+        return resolved if resolved is not None and resolved.is_file() else None
 
 
 def _stem(name: str) -> str:

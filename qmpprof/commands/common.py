@@ -74,10 +74,10 @@ def mapped_sources(analyzer: Analyzer) -> Callable[[FileMapping], tuple[Path, in
 
     def where(mapping: FileMapping) -> tuple[Path, int] | None:
         module = analyzer.files.module_for(mapping)
-        link = module.file_address_of_offset(mapping.offset) if module is not None else None
-        if module is None or link is None:
+        bias = module.bias_in(mapping) if module is not None else None
+        if module is None or bias is None:
             return None
-        return module.debug_path or module.path, mapping.start - link
+        return module.debug_path or module.path, bias
 
     return where
 

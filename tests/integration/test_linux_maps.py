@@ -11,8 +11,6 @@ build-id is in that process's memory, read through that vCPU's page tables)."""
 from __future__ import annotations
 
 import asyncio
-import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from qmpprof.guest.linux_maps import maps_layout
 from qmpprof.model import FileMapping, RegisterSet
 from qmpprof.record.page_reader import UNREADABLE, PageReader
 from qmpprof.record.process_maps import ProcessMaps, read_maps
+from tests.elf_tools import build_id_of
 from tests.linux_tasks import TaskList, catch_running, proc_maps, started
 from tests.linux_vm import ROOT, LinuxGuest, kernel_abis, running_linux
 
@@ -77,13 +76,6 @@ def test_every_workloads_maps_are_those_proc_printed(maps_guest: LinuxGuest) -> 
     assert read == {name: without_build_ids(printed[pid]) for name, pid in with_files.items()}
 
 
-def readelf_build_id(path: Path) -> bytes:
-    out = subprocess.run(["readelf", "-n", str(path)], capture_output=True, text=True).stdout
-    found = re.search(r"Build ID: ([0-9a-f]+)", out)
-    assert found is not None, f"{path} has no build-id"
-    return bytes.fromhex(found.group(1))
-
-
 def test_process_maps_gives_a_running_workloads_maps_and_build_id(
     maps_guest: LinuxGuest,
 ) -> None:
@@ -110,7 +102,7 @@ def test_process_maps_gives_a_running_workloads_maps_and_build_id(
     for pid, maps in found.items():
         name = busy[pid]
         expected = [
-            FileMapping(m.start, m.end, m.offset, m.path, readelf_build_id(BUILD / name))
+            FileMapping(m.start, m.end, m.offset, m.path, build_id_of(BUILD / name))
             for m in printed[pid]
         ]
         assert list(maps or ()) == expected, name

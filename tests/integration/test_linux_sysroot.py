@@ -9,7 +9,6 @@ Bookworm's 6.1 only: the process maps are read the same way on 6.12
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.elf_tools import build_id_of
 from tests.guest_vm import qmp_call
 from tests.integration.conftest import record_args, run_qmpprof
 from tests.integration.gdb_mi import same_function, text_aliases
@@ -44,10 +44,7 @@ def guest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LinuxGuest]:
 
 
 def build_id(path: Path) -> str:
-    out = subprocess.run(["readelf", "-n", str(path)], capture_output=True, text=True, check=True)
-    found = re.search(r"Build ID: ([0-9a-f]+)", out.stdout)
-    assert found, path
-    return found.group(1)
+    return build_id_of(path).hex()
 
 
 def record(guest: LinuxGuest, output: Path, *extra: str) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from qmpprof.model import FileMapping, MemoryWindow, RegisterSet
 from qmpprof.modules import load_module
 from qmpprof.record.page_reader import PAGE_SIZE
 from qmpprof.record.process_maps import REREAD_INTERVAL_S, ProcessMaps
+from tests.elf_tools import readelf_build_id
 from tests.linux_tasks import proc_maps
 from tests.unit.conftest import build_elf
 
@@ -118,12 +118,6 @@ def gdb_members(ptype: str, struct_name: str) -> dict[str, tuple[int, int]]:
     for offset, name, count in re.findall(line, body):
         members.setdefault(name, (int(offset), int(count or 1)))
     return members
-
-
-def readelf_build_id(path: Path) -> bytes | None:
-    out = subprocess.run(["readelf", "-n", str(path)], capture_output=True, text=True).stdout
-    found = re.search(r"Build ID: ([0-9a-f]+)", out)
-    return bytes.fromhex(found.group(1)) if found else None
 
 
 @pytest.mark.parametrize("build_id", ["sha1", "md5", "none"])

@@ -21,6 +21,7 @@ from qmpprof.model import FileMapping, FrameAddress, FrameKind
 from qmpprof.symbols.lines import SourceLookup
 from qmpprof.symbols.symbolizer import Symbolizer
 from qmpprof.user_files import UserFiles
+from tests.elf_tools import build_id_of
 from tests.unit.conftest import build_elf
 
 GUEST_PATH = "/usr/lib/x86_64-linux-gnu/libuser.so.1"
@@ -33,12 +34,6 @@ SHARED = ("-shared", "-fPIC", "-O2", "-g", "-Wl,--build-id")
 def nm(path: Path) -> dict[str, int]:
     out = subprocess.run(["nm", str(path)], capture_output=True, text=True, check=True).stdout
     return {p[2]: int(p[0], 16) for p in (line.split() for line in out.splitlines()) if len(p) == 3}
-
-
-def build_id(path: Path) -> bytes:
-    out = subprocess.run(["readelf", "-n", str(path)], capture_output=True, text=True, check=True)
-    line = next(line for line in out.stdout.splitlines() if "Build ID:" in line)
-    return bytes.fromhex(line.split("Build ID:")[1].strip())
 
 
 def text_segment(path: Path) -> tuple[int, int, int]:
@@ -69,7 +64,7 @@ def sysroot(tmp_path: Path) -> tuple[Path, Path]:
     root = tmp_path / "root"
     stripped = root / GUEST_PATH.lstrip("/")
     stripped.parent.mkdir(parents=True)
-    hex_id = build_id(built).hex()
+    hex_id = build_id_of(built).hex()
     debug = root / "usr/lib/debug/.build-id" / hex_id[:2] / f"{hex_id[2:]}.debug"
     debug.parent.mkdir(parents=True)
     subprocess.run(["objcopy", "--only-keep-debug", str(built), str(debug)], check=True)
@@ -81,7 +76,7 @@ def in_sysroot(sysroot: tuple[Path, Path]) -> tuple[UserFiles, FileMapping, Path
     """The sysroot's files, the guest's mapping of the library (the same build), the
     unstripped library."""
     root, built = sysroot
-    return UserFiles(sysroot=root), executable_mapping(built, build_id(built)), built
+    return UserFiles(sysroot=root), executable_mapping(built, build_id_of(built)), built
 
 
 def name_at(files: UserFiles, mapping: FileMapping, address: int) -> str:
@@ -106,20 +101,20 @@ def test_a_file_with_another_build_id_is_reported_and_names_nothing(
 ) -> None:
     root, built = sysroot
     other = build_elf("userlib.c", tmp_path, *SHARED, "-DVARIANT=2")
-    assert build_id(other) != build_id(built)
-    mapping = executable_mapping(built, build_id(other))  # the guest runs the other build
+    assert build_id_of(other) != build_id_of(built)
+    mapping = executable_mapping(built, build_id_of(other))  # the guest runs the other build
     files = UserFiles(sysroot=root)
     address = BASE + nm(built)["userlib_hidden"] + 1
     offset = address - mapping.start + mapping.offset
     assert name_at(files, mapping, address) == f"libuser.so.1+{offset:#x}"
     mismatch = files.mismatches[GUEST_PATH]
-    assert mismatch.guest_build_id == build_id(other)
-    assert mismatch.host_build_id == build_id(built)
+    assert mismatch.guest_build_id == build_id_of(other)
+    assert mismatch.host_build_id == build_id_of(built)
 
 
 def test_no_host_file_names_the_guest_file_and_its_offset(sysroot: tuple[Path, Path]) -> None:
     _, built = sysroot
-    mapping = executable_mapping(built, build_id(built))
+    mapping = executable_mapping(built, build_id_of(built))
     address = mapping.start + 0x123
     expected = f"libuser.so.1+{mapping.offset + 0x123:#x}"
     assert name_at(UserFiles(), mapping, address) == expected
@@ -132,7 +127,7 @@ def test_a_file_named_by_the_user_is_found_by_its_name(
     mine = tmp_path / "mine"
     mine.mkdir()
     shutil.copy(built, mine / "libuser.so.1")
-    mapping = executable_mapping(built, build_id(built))
+    mapping = executable_mapping(built, build_id_of(built))
     address = BASE + nm(built)["userlib_exported"]
     assert name_at(UserFiles(directories=[mine]), mapping, address) == "userlib_exported"
     assert name_at(UserFiles(files=[mine / "libuser.so.1"]), mapping, address) == "userlib_exported"
@@ -150,7 +145,7 @@ def test_a_guest_path_never_leads_out_of_the_sysroot(
     shutil.copy(built, outside / "libuser.so.1")
     (root / "escape").symlink_to(outside)
     files = UserFiles(sysroot=root)
-    mapping = executable_mapping(built, build_id(built))
+    mapping = executable_mapping(built, build_id_of(built))
     assert files.module_for(replace(mapping, path=guest_path)) is None
 
 

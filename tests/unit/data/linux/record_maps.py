@@ -37,6 +37,7 @@ from qmpprof.memory import MemoryReader, WindowMemory
 from qmpprof.model import MemoryWindow, RegisterSet
 from qmpprof.record.process_maps import read_maps
 from qmpprof.target.memory import MemoryBackend
+from tests.elf_tools import readelf_build_id
 from tests.linux_tasks import catch_running, started
 from tests.linux_vm import ROOT, kernel_abis, running_linux
 
@@ -77,10 +78,9 @@ def gdb(vmlinux: Path) -> dict[str, Any]:
     return {"layout": offsets, "ptype": out[out.index("/* offset") :]}
 
 
-def readelf_build_id(path: Path) -> str | None:
-    out = subprocess.run(["readelf", "-n", str(path)], capture_output=True, text=True).stdout
-    found = re.search(r"Build ID: ([0-9a-f]+)", out)
-    return found.group(1) if found else None
+def readelf_build_id_hex(path: Path) -> str | None:
+    found = readelf_build_id(path)
+    return found.hex() if found else None
 
 
 class Recorded:
@@ -165,7 +165,7 @@ def record_kernel(abi: str) -> dict[str, Any]:
     return {
         "gdb": oracle,
         "workloads": {
-            names[pid]: {"pid": pid, **walk, "build_id": readelf_build_id(BUILD / names[pid])}
+            names[pid]: {"pid": pid, **walk, "build_id": readelf_build_id_hex(BUILD / names[pid])}
             for pid, walk in sorted(caught.items())
         },
         "maps_lines": re.findall(r"qmpprof-linux: maps .*", serial),
