@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-APT_PACKAGES := qemu-system-x86 gdb gcc make binutils python3-venv tmux
+APT_PACKAGES := qemu-system-x86 gdb gcc make binutils python3-venv tmux dwarves
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: help demo test unit integration fuzz bench lint format deps system-deps guest linux-guest consumers clean
@@ -62,7 +62,7 @@ deps: system-deps $(STAMP)
 
 system-deps:  ## install QEMU, GDB and a C toolchain from Debian's packages if missing
 	@missing=""; \
-	for tool in qemu-system-x86_64 gdb gcc make ld tmux; do \
+	for tool in qemu-system-x86_64 gdb gcc make ld tmux pahole; do \
 	  command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; \
 	done; \
 	$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \

@@ -14,6 +14,7 @@ The whole tree (`python -c "import qmpprof.errors"` imports nothing else of qmpp
     ├── DirectMemoryUnavailable  guest RAM cannot be read from this host (auto falls back)
     ├── MemoryFault              guest memory that cannot be read (ends one unwind, not the run)
     ├── BadElf                   a binary that is missing or cannot be read
+    ├── BadBtf                   a kernel's .BTF that cannot be trusted (its DWARF is read instead)
     ├── BadCfi                   call-frame information that cannot be decoded
     ├── UnsupportedExpression    a CFI expression the evaluator does not handle (ends one unwind)
     ├── BadCapture               a .qmpcap without a readable header
@@ -89,6 +90,11 @@ class BadElf(QmpprofError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+class BadBtf(QmpprofError):
+    """A kernel's type information (.BTF) that cannot be trusted; never leaves the
+    layout reader, which reads the kernel's DWARF instead."""
 
 
 class UsageError(QmpprofError):

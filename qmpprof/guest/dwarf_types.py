@@ -1,15 +1,18 @@
 """What an OS adapter needs from the kernel's ELF: variable addresses and struct layouts
-from DWARF, so no offset is a constant in Python.
+from its type information, so no offset is a constant in Python.
 
 Only what is asked for is read: the variables from the symbol table (unpacked in bulk),
-the structs from the top-level entries of each compilation unit (a struct a C file
-declares at file scope is one), skipping every entry's children by its DW_AT_sibling
-where that points forward. The DWARF is mapped, not read, and the entries read are
-bounded: a 600 MB kernel .debug_info costs a bounded scan, not a walk of every entry.
+the structs from the kernel's BTF when it has one (guest/btf.py: a few megabytes, and a
+struct it lacks is known absent at once), else from the top-level entries of each DWARF
+compilation unit (a struct a C file declares at file scope is one), skipping every
+entry's children by its DW_AT_sibling where that points forward. The DWARF is mapped,
+not read, and the entries read are bounded: a 600 MB kernel .debug_info costs a bounded
+scan, not a walk of every entry (about 2 s for a struct it lacks, hence BTF first).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +20,8 @@ from typing import Any
 
 from elftools.dwarf.die import DIE
 
-from qmpprof.errors import BadElf
+from qmpprof.errors import BadBtf, BadElf
+from qmpprof.guest.btf import Btf
 from qmpprof.symbols.elf import read_object_symbols
 from qmpprof.symbols.elf_file import ELF_PARSE_ERRORS, open_elf
 from qmpprof.symbols.lines import open_mapped_dwarf
@@ -64,8 +68,31 @@ def read_layout(
             found_variables = read_object_symbols(elf, variables) if variables else {}
     except BadElf:
         return KernelLayout({}, {})
+    btf = _btf(path) if structs else None
     wanted = None if members is None else frozenset(members)
+    if btf is not None:
+        found = btf.structs(structs, wanted)
+        placed = {name: {m: Member(*at) for m, at in s.items()} for name, s in found.items()}
+        return KernelLayout(found_variables, placed)
     return KernelLayout(found_variables, _structs(path, structs, wanted) if structs else {})
+
+
+def _btf(path: Path) -> Btf | None:
+    """The ELF's BTF, or None when it has none that reads (its DWARF is read instead):
+    indexed once per file (each adapter and walker asks for its own structs)."""
+    stat = path.stat()
+    return _indexed_btf(path, (stat.st_size, stat.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=2)
+def _indexed_btf(path: Path, stamp: tuple[int, int]) -> Btf | None:
+    try:
+        with open_elf(path) as elf:
+            section = elf.get_section_by_name(".BTF")
+            data = None if section is None else section.data()
+        return None if data is None else Btf(data)
+    except (BadElf, BadBtf):
+        return None
 
 
 def _structs(
@@ -204,21 +231,30 @@ def _children(die: Any) -> Iterator[Any]:
         depth += bool(child.has_children)
 
 
-def _byte_size(member: Any) -> int | None:
-    if "DW_AT_type" not in member.attributes:
+#: How many array levels a member's size is multiplied through (hostile DWARF can make
+#: an array type its own element type).
+MAX_ARRAY_DEPTH = 8
+
+
+def _byte_size(member: Any, depth: int = 0) -> int | None:
+    """Bytes of a member's (or an array type's element) type, where DWARF gives them
+    directly or as elements times element size; None through typedefs."""
+    if "DW_AT_type" not in member.attributes or depth > MAX_ARRAY_DEPTH:
         return None
     type_die = member.get_DIE_from_attribute("DW_AT_type")
     size = type_die.attributes.get("DW_AT_byte_size")
     if size is not None:
         return size.value if _is_count(size.value) else None
     if type_die.tag == "DW_TAG_array_type":
+        element = _byte_size(type_die, depth + 1)  # an array's DW_AT_type is its element's
         for sub in _children(type_die):
             upper = sub.attributes.get("DW_AT_upper_bound")
             count = sub.attributes.get("DW_AT_count")
-            if upper is not None and _is_count(upper.value):
-                return int(upper.value) + 1
+            elements = upper.value + 1 if upper is not None and _is_count(upper.value) else None
             if count is not None and _is_count(count.value):
-                return int(count.value)
+                elements = count.value
+            if elements is not None:
+                return None if element is None else int(elements) * element
     return None
 
 

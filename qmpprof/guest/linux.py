@@ -131,7 +131,8 @@ class LinuxAdapter:
         banner = facts.symbols.get("linux_banner")
         if offsets is None or current is None:
             return cls(banner=banner)
-        structs = {"task_struct", "pcpu_hot"}
+        # 6.1 has no pcpu_hot: a kernel without BTF would scan all of its DWARF for it.
+        structs = {"task_struct"} | ({"pcpu_hot"} & facts.symbols.keys())
         layout = read_layout(facts.path, set(), structs, (*TASK_MEMBERS, "top_of_stack"))
         task = TaskLayout.from_members(layout.structs.get("task_struct", {}))
         if task is None:
