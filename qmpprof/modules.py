@@ -15,8 +15,9 @@ from elftools.elf.elffile import ELFFile
 from qmpprof.errors import BadElf
 from qmpprof.memory import WindowMemory
 from qmpprof.model import FileMapping, KernelModule, MemoryWindow
-from qmpprof.symbols.elf import Symbol, SymbolTable, read_code_symbols
-from qmpprof.symbols.elf_file import open_elf
+from qmpprof.symbols.derived import FileKey, derived, file_key, kind_for
+from qmpprof.symbols.elf import PlainTable, Symbol, SymbolTable, read_code_symbols
+from qmpprof.symbols.elf_file import open_elf, read_build_id
 from qmpprof.symbols.image import code_sections
 from qmpprof.symbols.plt import plt_symbols
 from qmpprof.unwind.cfi import CfiTable, load_cfi
@@ -89,26 +90,50 @@ def load_module(path: str | Path, name: str | None = None, debug: Path | None = 
     CFI, which opens the file again, reads any of it)."""
     path = Path(path)
     with open_elf(path) as elf:
-        symbols = read_code_symbols(elf)
+        key = file_key(elf)
+        table, debug = _symbol_table(path, elf, key, debug)
         sections = code_sections(elf)
         text = text_section(elf)
         build_id = read_build_id(elf)
         extent = _extent(sections)
         orc = read_orc(elf, extent[1])
         loads = load_segments(elf)
-        stubs = plt_symbols(elf)
-    if debug is not None:
-        with open_elf(debug) as debug_elf:
-            detailed = read_code_symbols(debug_elf)
-        debug = debug if len(detailed) > len(symbols) else None
-        symbols = detailed if debug is not None else symbols
-    symbols += stubs
-    cfi = load_cfi(path)
+    cfi = load_cfi(path, key)
     code = WindowMemory(sections)
-    table = SymbolTable(path.name, symbols)
     return Module(
         name or path.name, path, table, cfi, code, text, build_id, extent, orc, loads, debug
     )
+
+
+def _symbol_table(
+    path: Path, elf: ELFFile, key: FileKey | None, debug: Path | None
+) -> tuple[SymbolTable, Path | None]:
+    """The file's symbols, or its `debug` file's when that has more, with its PLT stubs;
+    and the debug file when its symbols were taken. Kept in the derived cache."""
+    debug_key = None
+    if debug is not None:
+        with open_elf(debug) as debug_elf:
+            debug_key = file_key(debug_elf)
+        key = key if debug_key is not None else None  # nothing names that debug file
+    kind = kind_for("symbol-table", None if debug_key is None else [debug_key.directory])
+
+    def read() -> tuple[SymbolTable, Path | None]:
+        symbols, used = read_code_symbols(elf), None
+        if debug is not None:
+            with open_elf(debug) as debug_elf:
+                detailed = read_code_symbols(debug_elf)
+            used = debug if len(detailed) > len(symbols) else None
+            symbols = detailed if used is not None else symbols
+        return SymbolTable(path.name, symbols + plt_symbols(elf)), used
+
+    def plain(found: tuple[SymbolTable, Path | None]) -> tuple[PlainTable, bool]:
+        return found[0].plain(), found[1] is not None
+
+    def table(plain: tuple[PlainTable, bool]) -> tuple[SymbolTable, Path | None]:
+        columns, used = plain
+        return SymbolTable.from_plain(path.name, columns), debug if used else None
+
+    return derived(key, kind, read, plain, table)
 
 
 #: More program headers than any real ELF has (ELF allows 65,535).
@@ -178,31 +203,6 @@ def text_section(elf: ELFFile) -> TextSection | None:
         return None
     data = section.data()
     return TextSection(section["sh_addr"], len(data), hashlib.sha256(data).hexdigest())
-
-
-#: A build-id is a hash: 16 bytes (md5/uuid) or 20 (sha1) in practice; more is not one.
-MAX_BUILD_ID = 64
-
-
-def read_build_id(elf: ELFFile) -> bytes | None:
-    """The NT_GNU_BUILD_ID note's descriptor, or None (no note, or one too long)."""
-    for section in elf.iter_sections():
-        if section["sh_type"] != "SHT_NOTE":
-            continue
-        for note in section.iter_notes():  # type: ignore[attr-defined]
-            if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
-                return _build_id_bytes(note["n_desc"])
-    return None
-
-
-def _build_id_bytes(desc: object) -> bytes | None:
-    # pyelftools gives a build-id note's descriptor as a hex string.
-    if not isinstance(desc, str) or not 0 < len(desc) <= 2 * MAX_BUILD_ID:
-        return None
-    try:
-        return bytes.fromhex(desc)
-    except ValueError:
-        return None
 
 
 def load_user_modules(directories: list[Path], files: list[Path]) -> dict[str, Module]:

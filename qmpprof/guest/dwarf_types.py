@@ -22,6 +22,7 @@ from elftools.dwarf.die import DIE
 
 from qmpprof.errors import BadBtf, BadElf
 from qmpprof.guest.btf import Btf
+from qmpprof.symbols.derived import derived, file_key, kind_for
 from qmpprof.symbols.elf import read_object_symbols
 from qmpprof.symbols.elf_file import ELF_PARSE_ERRORS, open_elf
 from qmpprof.symbols.lines import open_mapped_dwarf
@@ -60,11 +61,25 @@ class KernelLayout:
 def read_layout(
     path: Path, variables: set[str], structs: set[str], members: Collection[str] | None = None
 ) -> KernelLayout:
-    """Look up the named variables (.symtab) and structs (DWARF): each struct's `members`
-    only, when given (a kernel's task_struct has hundreds). Missing ones are absent; an
-    unreadable ELF or DWARF gives an empty layout (the adapter then does not apply)."""
+    """Look up the named variables (.symtab) and structs (BTF, else DWARF): each struct's
+    `members` only, when given (a kernel's task_struct has hundreds). Missing ones are
+    absent; an unreadable ELF or DWARF gives an empty layout (the adapter then does not
+    apply). Kept in the derived cache (symbols/derived.py) for this request."""
     try:
         with open_elf(path) as elf:  # checked before the DWARF is read, even for no variable
+            key = file_key(elf)
+    except BadElf:
+        return KernelLayout({}, {})
+    kind = kind_for("layout", variables, structs, members)
+    read = functools.partial(_read_layout, path, variables, structs, members)
+    return derived(key, kind, read, _plain_layout, _layout)
+
+
+def _read_layout(
+    path: Path, variables: set[str], structs: set[str], members: Collection[str] | None
+) -> KernelLayout:
+    try:
+        with open_elf(path) as elf:
             found_variables = read_object_symbols(elf, variables) if variables else {}
     except BadElf:
         return KernelLayout({}, {})
@@ -75,6 +90,22 @@ def read_layout(
         placed = {name: {m: Member(*at) for m, at in s.items()} for name, s in found.items()}
         return KernelLayout(found_variables, placed)
     return KernelLayout(found_variables, _structs(path, structs, wanted) if structs else {})
+
+
+PlainLayout = tuple[dict[str, int], dict[str, dict[str, tuple[int, int | None]]]]
+
+
+def _plain_layout(layout: KernelLayout) -> PlainLayout:
+    structs = {
+        name: {m: (at.offset, at.size) for m, at in s.items()} for name, s in layout.structs.items()
+    }
+    return layout.variables, structs
+
+
+def _layout(plain: PlainLayout) -> KernelLayout:
+    variables, structs = plain
+    placed = {name: {m: Member(*at) for m, at in s.items()} for name, s in structs.items()}
+    return KernelLayout(dict(variables), placed)
 
 
 def _btf(path: Path) -> Btf | None:

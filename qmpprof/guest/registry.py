@@ -13,6 +13,7 @@ from qmpprof.errors import BadElf
 from qmpprof.guest.adapter import AdapterKind, GenericAdapter, KernelFacts, OsAdapter
 from qmpprof.guest.example import ExampleGuestAdapter
 from qmpprof.guest.linux import LinuxAdapter
+from qmpprof.symbols.derived import file_key
 from qmpprof.symbols.elf import read_object_symbols
 from qmpprof.symbols.elf_file import open_elf
 
@@ -36,7 +37,7 @@ def kernel_facts(kernel: Path, kinds: Sequence[AdapterKind] = ADAPTERS) -> Kerne
     wanted = frozenset().union(*(kind.probe_symbols for kind in kinds))
     try:
         with open_elf(kernel) as elf:
-            symbols = read_object_symbols(elf, wanted)
+            symbols = read_object_symbols(elf, wanted, file_key(elf))
             sections = frozenset(section.name for section in elf.iter_sections())
     except BadElf:
         return None

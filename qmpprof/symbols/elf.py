@@ -13,6 +13,7 @@ from pathlib import Path
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
+from qmpprof.symbols.derived import FileKey, derived, kind_for
 from qmpprof.symbols.elf_file import open_elf
 
 _STT_NOTYPE, _STT_OBJECT, _STT_FUNC = 0, 1, 2
@@ -31,40 +32,81 @@ class Symbol:
     label: bool = False
 
 
+#: A symbol table as plain data (the derived cache's): starts, names, sizes, the indexes
+#: of labels, and each label inside a sized function with that function's index.
+PlainTable = tuple[list[int], list[str], list[int], list[int], list[tuple[int, int]]]
+
+
 class SymbolTable:
     """The code symbols of one module, sorted by address.
 
     A symbol covers [address, address + size); the loader gives a zero-size symbol
     (an assembly label) the rest of its section, and the lookup takes the nearest
-    symbol below an address, so a label covers up to the next symbol.
+    symbol below an address, so a label covers up to the next symbol. Kept as columns
+    and made a Symbol only when looked up: a kernel has 50,000 and a sample needs a few.
     """
 
     def __init__(self, name: str, symbols: list[Symbol]) -> None:
+        ordered = sorted(_dedupe(symbols), key=lambda s: s.address)
+        labels = [index for index, symbol in enumerate(ordered) if symbol.label]
+        columns = (
+            [s.address for s in ordered],
+            [s.name for s in ordered],
+            [s.size for s in ordered],
+            labels,
+            _enclosing_functions(ordered),
+        )
+        self._set(name, columns)
+
+    @classmethod
+    def from_plain(cls, name: str, plain: PlainTable) -> SymbolTable:
+        """A table from `plain()`'s data; raises TypeError or ValueError for data of
+        another shape."""
+        table = cls.__new__(cls)
+        table._set(name, plain)
+        return table
+
+    def _set(self, name: str, columns: PlainTable) -> None:
+        starts, names, sizes, labels, enclosing = columns
+        if not len(starts) == len(names) == len(sizes):
+            raise ValueError("symbol columns of different lengths")
         self.name = name
-        self._symbols = sorted(_dedupe(symbols), key=lambda s: s.address)
-        self._starts = [s.address for s in self._symbols]
-        self._enclosing = _enclosing_functions(self._symbols)
+        self._starts, self._names, self._sizes = starts, names, sizes
+        self._labels = frozenset(labels)
+        self._enclosing = dict(enclosing)
+
+    def plain(self) -> PlainTable:
+        enclosing = list(self._enclosing.items())
+        return self._starts, self._names, self._sizes, sorted(self._labels), enclosing
 
     def __len__(self) -> int:
-        return len(self._symbols)
+        return len(self._starts)
+
+    def __iter__(self) -> Iterator[Symbol]:
+        """Every symbol, by address."""
+        return (self._symbol(index) for index in range(len(self._starts)))
 
     def lookup(self, address: int) -> tuple[Symbol, int] | None:
         """The symbol covering `address` and the offset into it, or None."""
         index = bisect.bisect_right(self._starts, address) - 1
         if index < 0:
             return None
-        symbol = self._symbols[index]
         enclosing = self._enclosing.get(index)
-        if enclosing is not None and address < enclosing.address + enclosing.size:
-            symbol = enclosing  # a label inside a function names a spot, not a function
-        offset = address - symbol.address
-        if offset >= symbol.size:
+        if enclosing is not None and address < self._starts[enclosing] + self._sizes[enclosing]:
+            index = enclosing  # a label inside a function names a spot, not a function
+        offset = address - self._starts[index]
+        if offset >= self._sizes[index]:
             return None
-        return symbol, offset
+        return self._symbol(index), offset
 
     def find(self, name: str) -> Symbol | None:
         """The symbol called `name`, if any."""
-        return next((s for s in self._symbols if s.name == name), None)
+        index = next((i for i, found in enumerate(self._names) if found == name), None)
+        return None if index is None else self._symbol(index)
+
+    def _symbol(self, index: int) -> Symbol:
+        address, size = self._starts[index], self._sizes[index]
+        return Symbol(self._names[index], address, size, label=index in self._labels)
 
 
 def load_symbols(path: str | Path) -> SymbolTable:
@@ -110,8 +152,22 @@ def _code_symbols(elf: ELFFile) -> list[Symbol]:
     return symbols
 
 
-def read_object_symbols(elf: ELFFile, names: Collection[str]) -> dict[str, int]:
-    """The addresses of the data symbols (STT_OBJECT) called `names`, where present."""
+def read_object_symbols(
+    elf: ELFFile, names: Collection[str], key: FileKey | None = None
+) -> dict[str, int]:
+    """The addresses of the data symbols (STT_OBJECT) called `names`, where present;
+    kept in the derived cache under `key` for this set of names."""
+    kind = kind_for("object-symbols", names)
+    return derived(key, kind, lambda: _object_symbols(elf, names), dict, _addresses)
+
+
+def _addresses(plain: dict[str, int]) -> dict[str, int]:
+    if not isinstance(plain, dict):
+        raise TypeError("not a dict of addresses")
+    return plain
+
+
+def _object_symbols(elf: ELFFile, names: Collection[str]) -> dict[str, int]:
     entries = symbol_entries(elf)
     wanted = entries.offsets_of(names)
     found: dict[str, int] = {}
@@ -178,16 +234,17 @@ def _strings(table: SymbolTableSection) -> bytes:
     return b"" if strings["sh_type"] == "SHT_NOBITS" else bytes(strings.data())
 
 
-def _enclosing_functions(symbols: list[Symbol]) -> dict[int, Symbol]:
-    """For each label (by index) that lies inside a sized symbol before it, that symbol:
-    GDB names `entry_SYSCALL_64_after_hwframe`'s code `entry_SYSCALL_64`, as perf does."""
-    enclosing: dict[int, Symbol] = {}
-    current: Symbol | None = None
+def _enclosing_functions(symbols: list[Symbol]) -> list[tuple[int, int]]:
+    """Each label (by index) that lies inside a sized symbol before it, with that
+    symbol's index: GDB names `entry_SYSCALL_64_after_hwframe`'s code
+    `entry_SYSCALL_64`, as perf does."""
+    enclosing: list[tuple[int, int]] = []
+    current: tuple[int, Symbol] | None = None
     for index, symbol in enumerate(symbols):
         if not symbol.label:
-            current = symbol
-        elif current is not None and symbol.address < current.address + current.size:
-            enclosing[index] = current
+            current = index, symbol
+        elif current is not None and symbol.address < current[1].address + current[1].size:
+            enclosing.append((index, current[0]))
     return enclosing
 
 

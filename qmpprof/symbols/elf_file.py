@@ -152,3 +152,28 @@ def _inflated_size(section: Any) -> int:
         magic, size = _ZDEBUG_HEADER.unpack(stream.read(_ZDEBUG_HEADER.size))
         return int(size) if magic == b"ZLIB" else 0
     return 0
+
+
+#: A build-id is a hash: 16 bytes (md5/uuid) or 20 (sha1) in practice; more is not one.
+MAX_BUILD_ID = 64
+
+
+def read_build_id(elf: ELFFile) -> bytes | None:
+    """The NT_GNU_BUILD_ID note's descriptor, or None (no note, or one too long)."""
+    for section in elf.iter_sections():
+        if section["sh_type"] != "SHT_NOTE":
+            continue
+        for note in section.iter_notes():  # type: ignore[attr-defined]
+            if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
+                return _build_id_bytes(note["n_desc"])
+    return None
+
+
+def _build_id_bytes(desc: object) -> bytes | None:
+    # pyelftools gives a build-id note's descriptor as a hex string.
+    if not isinstance(desc, str) or not 0 < len(desc) <= 2 * MAX_BUILD_ID:
+        return None
+    try:
+        return bytes.fromhex(desc)
+    except ValueError:
+        return None

@@ -29,9 +29,9 @@ from elftools.elf.sections import SymbolTableSection
 from qmpprof.errors import BadElf
 from qmpprof.memory import WindowMemory
 from qmpprof.model import KernelModule, MemoryWindow
-from qmpprof.modules import Module, read_build_id
+from qmpprof.modules import Module
 from qmpprof.symbols.elf import Symbol, SymbolTable, symbol_entries
-from qmpprof.symbols.elf_file import ELF_PARSE_ERRORS, open_elf
+from qmpprof.symbols.elf_file import ELF_PARSE_ERRORS, open_elf, read_build_id
 from qmpprof.unwind.cfi import CfiTable
 from qmpprof.unwind.orc import ENTRY_SIZE, Layout, OrcTable
 

@@ -16,18 +16,21 @@ is counted with its reason (CfiTable.uncompiled), and where .eh_frame and
 from __future__ import annotations
 
 import bisect
+import functools
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from elftools.elf.elffile import ELFFile
 
 from qmpprof.errors import BadCfi
+from qmpprof.symbols.derived import FileKey, derived
 from qmpprof.symbols.elf import collector_paused
 from qmpprof.symbols.elf_file import ELF_PARSE_ERRORS, open_elf
 from qmpprof.unwind import rules as r
-from qmpprof.unwind.cfi_entries import FdeEntry, parse_section
+from qmpprof.unwind.cfi_entries import Cie, FdeEntry, parse_section
 from qmpprof.unwind.cfi_program import compile_fde
 
 CACHE_LIMIT = 1 << 14
@@ -87,15 +90,68 @@ class Uncompiled:
         return text
 
 
+#: A table as plain data (the derived cache's): each CIE's fields once; each FDE kept,
+#: by start, as (start, end, CIE index, instructions, their address, its stand-ins as
+#: the same five); the problems.
+PlainFde = tuple[int, int, int, bytes, int]
+PlainKept = tuple[int, int, int, bytes, int, list[PlainFde]]
+PlainCfi = tuple[list[tuple[Any, ...]], list[PlainKept], list[str]]
+
+
 class CfiTable:
-    """Unwind rows of one module, by address (link address = guest address)."""
+    """Unwind rows of one module, by address (link address = guest address). A table
+    loaded from the derived cache makes each FDE's objects on its first lookup: a
+    kernel has 50,000 FDEs and a profile reaches a few hundred."""
 
     def __init__(self, fdes: list[FdeEntry], problems: list[str] | None = None) -> None:
         wrapped = [_Fde(entry, entry.start, entry.end) for entry in fdes]
-        self._fdes = _without_overlaps(sorted(wrapped, key=lambda f: f.start))
-        self._starts = [f.start for f in self._fdes]
+        kept = _without_overlaps(sorted(wrapped, key=lambda f: f.start))
+        self._set([f.start for f in kept], list(kept), [], [], problems or ())
+
+    @classmethod
+    def from_plain(cls, plain: PlainCfi) -> CfiTable:
+        """A table from `plain()`'s data; raises TypeError or ValueError for data of
+        another shape."""
+        cie_fields, kept, problems = plain
+        if any(len(entry) != 6 for entry in kept):
+            raise ValueError("CFI entries of another shape")
+        table = cls.__new__(cls)
+        starts, cies = [entry[0] for entry in kept], [Cie(*fields) for fields in cie_fields]
+        table._set(starts, [None] * len(kept), kept, cies, problems)
+        return table
+
+    def _set(
+        self,
+        starts: list[int],
+        fdes: list[_Fde | None],
+        plain: list[PlainKept],
+        cies: list[Cie],
+        problems: Sequence[str],
+    ) -> None:
+        """`fdes[i]` is None until made from `plain[i]` (a table from the cache)."""
+        self._starts, self._fdes, self._plain, self._cies = starts, fdes, plain, cies
         self._cache: dict[int, r.UnwindRow | None] = {}
-        self._problems = tuple(problems or ())
+        self._problems = tuple(problems)
+
+    def plain(self) -> PlainCfi:
+        cies: dict[Cie, int] = {}
+
+        def entry(fde: _Fde) -> PlainFde:
+            e = fde.entry
+            return (
+                e.start,
+                e.end,
+                cies.setdefault(e.cie, len(cies)),
+                e.instructions,
+                e.instructions_address,
+            )
+
+        kept = [(*entry(fde), [entry(s) for s in fde.stand_ins]) for fde in self._all()]
+        return [_fields(cie) for cie in cies], kept, list(self._problems)
+
+    def entries(self) -> list[FdeEntry]:
+        """Every FDE the table uses first where FDEs overlap, by start."""
+        return [fde.entry for fde in self._all()]
 
     def __len__(self) -> int:
         return len(self._fdes)
@@ -116,9 +172,11 @@ class CfiTable:
 
     def _find(self, address: int) -> r.UnwindRow | None:
         index = bisect.bisect_right(self._starts, address) - 1
-        if index < 0 or address >= self._fdes[index].end:
+        if index < 0:
             return None
-        fde = self._fdes[index]
+        fde = self._fde(index)
+        if address >= fde.end:
+            return None
         if not fde.compiled():
             fde = next(
                 (s for s in fde.stand_ins if s.start <= address < s.end and s.compiled()), fde
@@ -134,7 +192,7 @@ class CfiTable:
         lookups have reached so far are counted (free)."""
         reasons: Counter[str] = Counter()
         functions = replaced = 0
-        for fde in self._fdes:
+        for fde in self._all():
             if (fde.rows is None and not compile_all) or fde.compiled():
                 continue
             assert fde.problem is not None
@@ -145,17 +203,43 @@ class CfiTable:
                 functions += 1
         return Uncompiled(functions, replaced, tuple(reasons.most_common()), self._problems)
 
+    def _all(self) -> Iterator[_Fde]:
+        return (self._fde(index) for index in range(len(self._fdes)))
 
-def load_cfi(path: str | Path) -> CfiTable:
-    """The CFI of the ELF at `path` (.eh_frame first, .debug_frame where it adds). Raises BadElf."""
+    def _fde(self, index: int) -> _Fde:
+        fde = self._fdes[index]
+        if fde is None:
+            start, end, cie, code, at, stand_ins = self._plain[index]
+            fde = _Fde(FdeEntry(start, end, self._cies[cie], code, at), start, end)
+            fde.stand_ins = tuple(self._stand_in(*fields) for fields in stand_ins)
+            self._fdes[index] = fde
+        return fde
+
+    def _stand_in(self, start: int, end: int, cie: int, code: bytes, at: int) -> _Fde:
+        return _Fde(FdeEntry(start, end, self._cies[cie], code, at), start, end)
+
+
+def _fields(cie: Cie) -> tuple[Any, ...]:
+    return tuple(getattr(cie, field.name) for field in fields(cie))
+
+
+def load_cfi(path: str | Path, key: FileKey | None = None) -> CfiTable:
+    """The CFI of the ELF at `path` (.eh_frame first, .debug_frame where it adds), its
+    entries kept in the derived cache under `key` (symbols/derived.py). Raises BadElf."""
+    with collector_paused():
+        read = functools.partial(_read_cfi, path)
+        return derived(key, "cfi-table", read, CfiTable.plain, CfiTable.from_plain)
+
+
+def _read_cfi(path: str | Path) -> CfiTable:
     fdes: list[FdeEntry] = []
     problems: list[str] = []
-    with open_elf(path) as elf, collector_paused():
+    with open_elf(path) as elf:
         for name in (".eh_frame", ".debug_frame"):
             found = _section_fdes(elf, name, eh_frame=name == ".eh_frame")
             fdes += found.fdes
             problems += found.problems
-        return CfiTable(fdes, problems)
+    return CfiTable(fdes, problems)
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,5 +58,5 @@ def test_mutated_images_read_safely(edits: list[tuple[int, bytes]], dropped: set
         return
     if module is not None:
         assert len(module.symbols) <= MAX_SYMBOLS
-        for fde in module.cfi._fdes:
+        for fde in module.cfi.entries():
             module.cfi.row_for(fde.start)

@@ -35,11 +35,10 @@ from qmpprof.model import (
     StopReason,
     UnwoundStack,
 )
-from qmpprof.modules import read_build_id
 from qmpprof.record.qmpcap import CaptureWriter, read_capture
 from qmpprof.record.qmpcap_schema import MAX_RECORD_BYTES, encode_header, encode_sample
 from qmpprof.symbols.elf import load_symbols
-from qmpprof.symbols.elf_file import open_elf
+from qmpprof.symbols.elf_file import open_elf, read_build_id
 from qmpprof.target.registers import parse_all
 
 DATA = Path(__file__).parent / "data"

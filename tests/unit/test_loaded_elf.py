@@ -51,10 +51,10 @@ def check_against_file(path: Path, guest_path: str) -> None:
     reference = load_module(path)
     assert module.build_id == reference.build_id and module.loads == reference.loads
     nm = exported_functions(path)
-    names = {s.address: s.name for s in module.symbols._symbols}
+    names = {s.address: s.name for s in module.symbols}
     assert set(names) == set(nm) and all(names[a] in nm[a] for a in names)
-    starts = sorted(f.start for f in reference.cfi._fdes)
-    assert sorted(f.start for f in module.cfi._fdes) == starts
+    starts = sorted(f.start for f in reference.cfi.entries())
+    assert sorted(f.start for f in module.cfi.entries()) == starts
     for start in starts:
         assert module.cfi.row_for(start + 1) == reference.cfi.row_for(start + 1)
 
@@ -84,8 +84,8 @@ def test_pages_never_touched_leave_their_fdes_out(tmp_path: Path) -> None:
     built = build_elf("userlib.c", tmp_path, *SHARED)
     memory, mapping, _ = loaded(built, random_base("holes"), GUEST_PATH)
     reference = load_module(built)
-    frame = next(f for f in reference.cfi._fdes)
-    hole = (frame.entry.instructions_address - reference.loads[0].address) // PAGE * PAGE
+    frame = reference.cfi.entries()[0]
+    hole = (frame.instructions_address - reference.loads[0].address) // PAGE * PAGE
     windows = [w for w in memory._windows]
     base = mapping.start - mapping.offset
     kept = []
@@ -96,7 +96,7 @@ def test_pages_never_touched_leave_their_fdes_out(tmp_path: Path) -> None:
     module = read_loaded_module(WindowMemory(kept), mapping)
     assert module is not None and len(module.symbols) > 0
     assert len(module.cfi) < len(reference.cfi)
-    for fde in module.cfi._fdes:
+    for fde in module.cfi.entries():
         assert reference.cfi.row_for(fde.start) == module.cfi.row_for(fde.start)
 
 
