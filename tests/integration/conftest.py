@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ __all__ = [
     "dump_json",
     "record_args",
     "record_folded",
+    "run_cached",
     "run_qmpprof",
     "running_guest",
     "scratch_ram_file",
@@ -40,11 +44,31 @@ def guest(workdir: Path) -> Iterator[Guest]:
         yield booted
 
 
-def run_qmpprof(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """qmpprof as a user runs it: a separate process, its exit code, stdout and stderr."""
+#: The derived cache the Linux tests' qmpprof processes share for this session: Debian's
+#: vmlinux is read once, not once per dump (8-15 s each on a busy host). Deleted at exit.
+SESSION_CACHE = tempfile.mkdtemp(prefix="qmpprof-test-cache-")
+atexit.register(shutil.rmtree, SESSION_CACHE, ignore_errors=True)
+
+
+def run_qmpprof(
+    *args: str, timeout: float = 120, cached: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """qmpprof as a user runs it: a separate process, its exit code, stdout and stderr.
+    `cached`: with this session's derived cache (for ELF files no test changes), else
+    none (tests/conftest.py)."""
+    environment = {**os.environ, "QMPPROF_CACHE": SESSION_CACHE} if cached else None
     return subprocess.run(
-        [sys.executable, "-m", "qmpprof", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "qmpprof", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=environment,
     )
+
+
+def run_cached(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """run_qmpprof with this session's derived cache (the Linux guests' files)."""
+    return run_qmpprof(*args, timeout=timeout, cached=True)
 
 
 def record_args(qmp: str, kernel: Path, seconds: int, output: Path, *extra: str) -> list[str]:

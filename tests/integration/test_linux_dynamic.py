@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.guest_vm import qmp_call
-from tests.integration.conftest import run_qmpprof
+from tests.integration.conftest import run_cached
 from tests.integration.gdb_mi import Frames, GdbFrame, GdbMi, agree, same_function, text_aliases
 from tests.integration.linux_user_gdb import (
     PAGE,
@@ -106,7 +106,7 @@ def through_qsort(stack: list[GdbFrame], maps: list[Mapping]) -> bool:
 def qmpprof_frames(guest: LinuxGuest, sysroot: Path) -> dict[int, Frames]:
     """`qmpprof dump --json --sysroot` of the paused guest: each vCPU's (pc, function)
     frames, inlined calls included; the VM stays paused."""
-    done = run_qmpprof(
+    done = run_cached(
         "dump", "--json", "--qmp-socket", guest.qmp, "--kernel", str(guest.kernel),
         "--sysroot", str(sysroot),
     )  # fmt: skip

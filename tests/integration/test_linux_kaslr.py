@@ -25,7 +25,7 @@ from qmpprof.model import MemoryWindow, Process
 from qmpprof.target.memory import open_memory
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.registers import parse_all
-from tests.integration.conftest import run_qmpprof
+from tests.integration.conftest import run_cached
 from tests.linux_vm import LinuxGuest, kernel_abis, running_linux
 from tests.unit.conftest import build_elf
 
@@ -71,14 +71,14 @@ def test_record_names_kernel_frames_and_report_replays_them(
     its capture holds the slide, and `report` gives the same folded profile."""
     folded, capture = tmp_path / "live.folded", tmp_path / "run.qmpcap"
     target = ["--qmp-socket", kaslr_guest.qmp, "--kernel", str(kaslr_guest.kernel)]
-    done = run_qmpprof(
+    done = run_cached(
         "record", *target, "--duration", "3", "--rate", "50", "-o", str(folded), "-o", str(capture)
     )
     assert done.returncode == 0, done.stderr
     kernel_frames = [line for line in folded.read_text().splitlines() if "do_syscall_64" in line]
     assert kernel_frames, "no system call named in a guest that makes them all the time"
     replayed = tmp_path / "replayed.folded"
-    again = run_qmpprof("report", str(capture), "-o", str(replayed))
+    again = run_cached("report", str(capture), "-o", str(replayed))
     assert again.returncode == 0, again.stderr
     assert replayed.read_text() == folded.read_text()
     assert f"kernel: vmlinux, KASLR slide {guest_slide(kaslr_guest):#x}" in done.stdout
@@ -97,7 +97,7 @@ def test_samples_are_labelled_with_the_task_the_guest_says_it_started(
     sampled on a 2-vCPU guest, under the pid init gave them."""
     folded = tmp_path / "tasks.folded"
     target = ["--qmp-socket", kaslr_guest.qmp, "--kernel", str(kaslr_guest.kernel)]
-    done = run_qmpprof("record", *target, "--duration", "2", "--rate", "50", "-o", str(folded))
+    done = run_cached("record", *target, "--duration", "2", "--rate", "50", "-o", str(folded))
     assert done.returncode == 0, done.stderr
     roots = {line.split(";", 1)[0] for line in folded.read_text().splitlines()}
     pids = started(kaslr_guest)
@@ -108,7 +108,7 @@ def test_samples_are_labelled_with_the_task_the_guest_says_it_started(
 
 def test_dump_json_names_the_kernel_leaf_of_kernel_mode_vcpus(kaslr_guest: LinuxGuest) -> None:
     target = ["--qmp-socket", kaslr_guest.qmp, "--kernel", str(kaslr_guest.kernel)]
-    done = run_qmpprof("dump", "--json", *target)
+    done = run_cached("dump", "--json", *target)
     assert done.returncode == 0, done.stderr
 
 
@@ -117,7 +117,7 @@ def test_dump_json_gives_each_process_its_tgid_and_thread(kaslr_guest: LinuxGues
     the pid init gave it as its process id; a single-threaded one has it as its thread's
     id too, `pinned`'s second thread an id of its own, after its process's."""
     target = ["--qmp-socket", kaslr_guest.qmp, "--kernel", str(kaslr_guest.kernel)]
-    done = run_qmpprof("dump", "--json", *target)
+    done = run_cached("dump", "--json", *target)
     assert done.returncode == 0, done.stderr
     pids = started(kaslr_guest)
     for vcpu in json.loads(done.stdout)["vcpus"]:
@@ -164,7 +164,7 @@ def test_a_kernel_that_is_not_the_guests_is_a_one_line_error(
     probe = build_elf("linux_probe.c", tmp_path, "-g", "-O0")
     target = ["--qmp-socket", kaslr_guest.qmp, "--kernel", str(probe)]
     for command in (["dump"], ["record", "-o", str(tmp_path / "never.folded")]):
-        done = run_qmpprof(*command, *target)
+        done = run_cached(*command, *target)
         assert done.returncode == 1, done.stderr
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and "does not match the guest" in lines[0], done.stderr

@@ -19,7 +19,7 @@ from qmpprof.commands.common import TargetOptions, build_analyzer
 from qmpprof.commands.connect import connected
 from qmpprof.model import RawSample, RegisterSet
 from qmpprof.record.qmpcap import read_capture
-from tests.integration.conftest import run_qmpprof
+from tests.integration.conftest import run_cached
 from tests.linux_vm import LinuxGuest, initramfs_file, kernel_abis, running_linux
 
 
@@ -46,7 +46,7 @@ def test_record_reads_the_modules_proc_modules_lists(
     assert "crc8" in dict(listed), "the guest's init loaded no crc8.ko: nothing is tested"
     capture = tmp_path / "run.qmpcap"
     target = ["--qmp-socket", module_guest.qmp, "--kernel", str(module_guest.kernel)]
-    done = run_qmpprof("record", *target, "--duration", "1", "--rate", "10", "-o", str(capture))
+    done = run_cached("record", *target, "--duration", "1", "--rate", "10", "-o", str(capture))
     assert done.returncode == 0, done.stderr
     with read_capture(capture) as read:
         recorded = read.recording.kernel_modules

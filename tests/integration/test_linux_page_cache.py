@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.guest_vm import qmp_call
-from tests.integration.conftest import run_qmpprof
+from tests.integration.conftest import run_cached
 from tests.integration.gdb_mi import same_function, text_aliases
 from tests.linux_vm import LinuxGuest, guest_sysroot, kernel_abis, running_linux
 
@@ -36,7 +36,7 @@ Stack = list[tuple[int, str | None]]
 def dynwork_stack(guest: LinuxGuest, *extra: str) -> Stack | None:
     """dynwork's user frames in `qmpprof dump --json` of the paused guest, None when no
     vCPU runs it; the VM stays paused."""
-    done = run_qmpprof(
+    done = run_cached(
         "dump", "--json", "--qmp-socket", guest.qmp, "--kernel", str(guest.kernel), *extra
     )
     assert done.returncode == 0, done.stderr

@@ -19,7 +19,7 @@ import pytest
 
 from tests.elf_tools import build_id_of
 from tests.guest_vm import qmp_call
-from tests.integration.conftest import record_args, run_qmpprof
+from tests.integration.conftest import record_args, run_cached
 from tests.integration.gdb_mi import same_function, text_aliases
 from tests.linux_vm import LinuxGuest, guest_sysroot, other_libc_sysroot, running_linux
 
@@ -48,7 +48,7 @@ def build_id(path: Path) -> str:
 
 
 def record(guest: LinuxGuest, output: Path, *extra: str) -> str:
-    done = run_qmpprof(*record_args(guest.qmp, guest.kernel, 3, output, *extra))
+    done = run_cached(*record_args(guest.qmp, guest.kernel, 3, output, *extra))
     assert done.returncode == 0, done.stderr
     return done.stdout + done.stderr
 
@@ -77,7 +77,7 @@ def dumps_of_one_pause(guest: LinuxGuest) -> tuple[dict[str, Any], dict[str, Any
     try:
         base = ["dump", "--json", "--qmp-socket", guest.qmp, "--kernel", str(guest.kernel)]
         bare, full = (
-            run_qmpprof(*base, *extra) for extra in ([], ["--sysroot", str(guest_sysroot())])
+            run_cached(*base, *extra) for extra in ([], ["--sysroot", str(guest_sysroot())])
         )
         assert bare.returncode == 0 and full.returncode == 0, bare.stderr + full.stderr
         return json.loads(bare.stdout), json.loads(full.stdout)
