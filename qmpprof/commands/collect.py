@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from qmpprof.analysis import Analyzer
 from qmpprof.console import Console
@@ -21,6 +22,9 @@ from qmpprof.output.writers import Format, temporary_beside, write_profile
 from qmpprof.profile import Profile
 from qmpprof.record.qmpcap import CaptureWriter
 from qmpprof.symbols.coverage import KernelCoverage
+
+if TYPE_CHECKING:
+    from qmpprof.record.process_maps import MapsStats
 
 
 def check_writable(paths: Sequence[Path]) -> None:
@@ -132,6 +136,8 @@ class Collector:
         self.profile = profile
         self.samples: list[Sample] = []
         self.coverage = KernelCoverage()
+        #: The process-maps reader's counts (`record` sets them once connected).
+        self.maps_stats: MapsStats | None = None
         #: Capture files, given once open (`keep_in`): `record` opens them once connected.
         self._captures: list[CaptureOutput] = []
 

@@ -37,6 +37,7 @@ from qmpprof.model import CapturedSample, Ending, EndReason, Recording, RecordSt
 from qmpprof.output.writers import Format
 from qmpprof.profile import Profile, Scope
 from qmpprof.record.backlog import Backlog
+from qmpprof.record.process_maps import MapsStats
 from qmpprof.record.sampler import LoopConfig, ProgressSink, sample_loop
 from qmpprof.visible import visible
 
@@ -109,6 +110,7 @@ async def _record(
                 collector.keep_in(_closed_at_exit(files, capture))
         with contextlib.suppress(OSError):  # a terminal closed during setup (SIGHUP)
             _announce(options, collector, _describe(memory), err)
+        collector.maps_stats = capturer.maps.stats if capturer.maps is not None else None
         with _progress(err, options.duration_s) as progress:
             stats = await sample_loop(
                 session,
@@ -190,12 +192,32 @@ def _finish(
             collector.profile,
             stats,
             out,
-            [*cfi_problems(collector.analyzer, False), *file_problems(collector.analyzer)],
+            [
+                *cfi_problems(collector.analyzer, False),
+                *file_problems(collector.analyzer),
+                *maps_problems(collector.maps_stats),
+            ],
             kernel=_placement(collector.analyzer),
         )
     raise_for_failures(written)
     if collector.coverage.mismatched and options.target.kernel is not None:
         raise KernelMismatch(collector.coverage.describe(str(options.target.kernel)))
+
+
+def maps_problems(stats: MapsStats | None) -> list[str]:
+    """A line when reading the guest's process maps, or its files with no host copy,
+    failed (their user frames then read FILE+offset or stay unnamed)."""
+    if stats is None or not (stats.failed or stats.images_failed):
+        return []
+    said = []
+    if stats.failed:
+        said.append(f"{stats.failed} of {stats.walks} walks of a process's maps failed")
+    if stats.images_failed:
+        said.append(
+            f"{stats.images_failed} of {stats.images} files with no host copy could not be "
+            "read from the guest"
+        )
+    return ["process maps: " + "; ".join(said)]
 
 
 def _placement(analyzer: Analyzer) -> str | None:

@@ -1,5 +1,5 @@
 """The summary says what went wrong around the samples: functions without usable CFI,
-ticks abandoned over their time budget."""
+ticks abandoned over their time budget, process maps that could not be read."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import pytest
 from rich.console import Console
 
 from qmpprof.commands.common import TargetOptions, build_analyzer, cfi_problems
+from qmpprof.commands.record import maps_problems
 from qmpprof.console.summary import render_summary
 from qmpprof.model import RecordStats
 from qmpprof.profile import Profile
+from qmpprof.record.process_maps import MapsStats
 from tests.unit.conftest import build_elf
 from tests.unit.test_cfi_instructions import ASSEMBLE
 
@@ -36,3 +38,12 @@ def test_the_summary_prints_notes_and_abandoned_ticks() -> None:
     text = console.export_text()
     assert "2 ticks abandoned over their time budget (VM resumed)" in text
     assert "k.elf: 1 functions without usable CFI" in text
+
+
+def test_failed_reads_of_process_maps_and_guest_files_are_one_note() -> None:
+    assert maps_problems(None) == [] and maps_problems(MapsStats(walks=40, reads=300)) == []
+    stats = MapsStats(walks=40, failed=3, images=5, images_failed=2)
+    assert maps_problems(stats) == [
+        "process maps: 3 of 40 walks of a process's maps failed; 2 of 5 files with no host "
+        "copy could not be read from the guest"
+    ]
