@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 APT_PACKAGES := qemu-system-x86 gdb gcc make binutils python3-venv tmux dwarves
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help demo test unit integration fuzz bench lint format deps system-deps guest linux-guest consumers clean
+.PHONY: help demo test unit integration fuzz bench kaslr-bench lint format deps system-deps guest linux-guest consumers clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -42,6 +42,11 @@ bench: deps guest $(BENCH_STAMP)  ## benchmarks, TCG by default (ACCEL=kvm where
 	$(BIN)/python bench/max_rate.py --accel $(ACCEL)
 	$(BIN)/python bench/smp.py --accel $(ACCEL)
 	$(BIN)/python bench/startup.py
+
+#: Boots per kernel for `make kaslr-bench` (the issue's acceptance: 20 of 20).
+KASLR_BOOTS ?= 20
+kaslr-bench: deps linux-guest  ## boot the Linux guest KASLR_BOOTS times per kernel: does qmpprof find the guest's own KASLR slide each time (20-40 s a boot)
+	$(BIN)/python bench/kaslr_boots.py --boots $(KASLR_BOOTS)
 
 # The optional `bench` dependencies (qemu.qmp, compared with qmpprof's own QMP client).
 $(BENCH_STAMP): $(STAMP)

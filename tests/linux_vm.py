@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -109,3 +110,35 @@ def libc_versions() -> tuple[str, str | None]:
     """The version of libc6 in SYSROOT (and the guest), and in OTHER_LIBC_SYSROOT."""
     values = dict(line.split("=", 1) for line in LIBC_ENV.read_text().splitlines() if "=" in line)
     return values["version"], values.get("other_version") or None
+
+
+#: The kernel symbol examples/linux/init.c looks up in the guest's /proc/kallsyms and
+#: prints as "qmpprof-linux: kallsyms ADDRESS asm_exc_divide_error".
+KALLSYMS_ANCHOR = "asm_exc_divide_error"
+
+
+def nm_symbols(elf: Path) -> dict[str, set[int]]:
+    """Every symbol nm lists in `elf`, by name: its addresses (a static name may repeat)."""
+    listed = subprocess.run(["nm", str(elf)], capture_output=True, text=True, check=True)
+    symbols: dict[str, set[int]] = {}
+    for line in listed.stdout.splitlines():
+        fields = line.split()
+        if len(fields) == 3:
+            symbols.setdefault(fields[2], set()).add(int(fields[0], 16))
+    return symbols
+
+
+def kallsyms_slide(serial_text: str, kernel: Path) -> int | None:
+    """The guest kernel's KASLR slide in its own words: where its /proc/kallsyms put
+    KALLSYMS_ANCHOR (init's console line) minus where nm says `kernel` links it; None
+    when init has not said it."""
+    said = re.search(rf"qmpprof-linux: kallsyms ([0-9a-f]+) {KALLSYMS_ANCHOR}\b", serial_text)
+    if said is None:
+        return None
+    (linked,) = nm_symbols(kernel)[KALLSYMS_ANCHOR]
+    return int(said.group(1), 16) - linked
+
+
+def started_pids(serial_text: str) -> dict[str, int]:
+    """Each workload init started, by name: the pid init printed for it."""
+    return {name: int(pid) for name, pid in re.findall(r"started (\w+) pid (\d+)", serial_text)}
