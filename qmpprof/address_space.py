@@ -221,6 +221,11 @@ class ReturnSites:
         mapping = self._space.mapping_at(address)
         if mapping is None or not mapping.module.has_code:
             return None
+        if mapping.module.orc is not None:
+            # A Linux kernel rewrites its code at boot (alternatives, paravirt and static
+            # calls): where the file has `call *pv_ops` the guest runs a shorter direct
+            # call, so the file cannot judge its return addresses. Its ORC is exact.
+            return None
         try:
             self._space.code.read(address - 1, 1)
         except MemoryFault:

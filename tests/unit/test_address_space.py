@@ -8,6 +8,7 @@ stack bytes through a mapping with that bias must give GDB's frames and nm's nam
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from qmpprof.analysis import Analyzer
 from qmpprof.errors import MemoryFault
 from qmpprof.model import KERNEL_HALF, MemoryWindow, RawSample, RegisterSet
 from qmpprof.modules import Module, load_module
+from tests.linux_vm import kernel_abis
 from tests.unit.conftest import CHAIN_FUNCTIONS, build_elf, capture_with_gdb
 from tests.unit.test_symbols import nm_functions
 
@@ -109,3 +111,21 @@ def test_a_kernel_linked_low_covers_its_code_and_the_user_program_the_rest(
     assert [(m.start, m.end) for m in users] == [(0, start), (end, KERNEL_HALF)]
     high_kernel = kernel_mapping(chain_module, bias=KERNEL_HALF)
     assert (high_kernel.start, high_kernel.end) == (KERNEL_HALF, 1 << 64)
+
+
+@pytest.mark.slow
+def test_a_linux_kernels_file_does_not_judge_its_return_addresses() -> None:
+    """Linux rewrites its code at boot (paravirt calls, alternatives): a return address
+    after a call the guest runs can follow another instruction in the vmlinux (seen:
+    idle and read_zero stacks called torn). A kernel with ORC gives no verdict; the same
+    file without its ORC is judged by its bytes."""
+    vmlinux = Path.home() / ".cache" / "qmpprof" / "linux" / kernel_abis()[0] / "vmlinux"
+    if not vmlinux.exists():
+        pytest.skip(f"{vmlinux} is not cached (make linux-guest)")
+    kernel = load_module(vmlinux)
+    entry = kernel.symbols.find("do_syscall_64")
+    assert kernel.orc is not None and entry is not None
+    not_after_a_call = entry.address + 1
+    assert AddressSpace([kernel_mapping(kernel)]).return_sites.check(not_after_a_call) is None
+    plain = AddressSpace([kernel_mapping(replace(kernel, orc=None))])
+    assert plain.return_sites.check(not_after_a_call) is False
