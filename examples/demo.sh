@@ -27,11 +27,12 @@ if [[ $GUEST == linux ]]; then
     users=()
     for workload in examples/linux/workloads/*.c; do
         name=$(basename "$workload" .c)
-        users+=(--user "examples/linux/build/$name")
+        # Programs only (qmpwork.c is libqmpwork.so.1's source, found through --sysroot).
+        [[ -x examples/linux/build/$name ]] && users+=(--user "examples/linux/build/$name")
         [[ $name == crunch ]] && users+=(--user examples/linux/build/crunchnofp)
     done
     qmpprof record --qmp-socket "${linux[qmp]}" --kernel "${linux[kernel]}" \
-        "${users[@]}" --duration "$DURATION" \
+        "${users[@]}" --sysroot examples/linux/build/sysroot --duration "$DURATION" \
         -o "$out/profile.folded" -o "$out/flamegraph.svg"
     echo
     echo "open $out/flamegraph.svg in a browser; $out/profile.folded works with speedscope,"

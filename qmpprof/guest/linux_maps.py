@@ -93,7 +93,7 @@ _STRUCTS = {"task_struct", "mm_struct", "maple_tree", "vm_area_struct", "file", 
 _STRUCTS |= {"dentry", "qstr"}
 _MEMBERS = (
     *("mm", "mm_mt", "ma_root", "vm_start", "vm_end", "vm_pgoff", "vm_flags", "vm_file"),
-    "anon_vma",
+    *("anon_vma", "pgd"),
     *("f_path", "dentry", "d_name", "d_parent", "len", "name"),
 )
 #: The most bytes of one struct read at once (a VMA, a dentry).
@@ -117,6 +117,8 @@ class MapsLayout:
     d_name: int  # d_name.name (pointer)
     #: vm_area_struct.anon_vma; None: unknown, so every VMA may hold private copies.
     vm_anon_vma: int | None = None
+    #: mm_struct.pgd: the page tables CR3 holds while the mm is loaded.
+    mm_pgd: int | None = None
 
     @property
     def vma_span(self) -> int:
@@ -151,6 +153,7 @@ class MapsLayout:
             name + s["qstr"]["len"].offset,
             name + s["qstr"]["name"].offset,
             vma["anon_vma"].offset if "anon_vma" in vma else None,
+            s["mm_struct"]["pgd"].offset if "pgd" in s["mm_struct"] else None,
         )
         spans_fit = layout.vma_span <= MAX_SPAN and layout.dentry_span <= MAX_SPAN
         return layout if spans_fit and layout.task_mm < 1 << 16 else None
@@ -210,6 +213,17 @@ class MappedFile:
         return FileMapping(self.start, self.end, self.offset, self.path, build_id)
 
 
+def _optional_u64(memory: MemoryReader, base: int, offset: int | None) -> int | None:
+    """The word at base + offset when the memory already read holds it (the page the
+    walk read for its neighbours, nearly always); None, not a fault, when not."""
+    if offset is None or not is_kernel(base + offset):
+        return None
+    try:
+        return memory.read_u64(base + offset)
+    except MemoryFault:
+        return None
+
+
 def is_node(entry: int) -> bool:
     """xa_is_node: an encoded maple node pointer, not an entry."""
     return entry & 3 == 2 and entry > 4096
@@ -263,8 +277,9 @@ class MapsWalk:
         self._state = _State()
         #: Every executable range (file or not), once the walk is done.
         self.executable: list[tuple[int, int]] = []
-        #: Whether the task has an mm (a kernel thread has none).
+        #: Whether the task has an mm (a kernel thread has none), and its page tables.
         self.has_mm = False
+        self.pgd: int | None = None
 
     def advance(self, memory: MemoryReader) -> tuple[MappedFile, ...]:
         """Every executable file mapping, sorted by start (none for a kernel thread).
@@ -294,6 +309,8 @@ class MapsWalk:
         if is_kernel(self._task + self._layout.task_mm):
             mm = memory.read_u64(self._task + self._layout.task_mm)
             self.has_mm = mm != 0
+            if mm != 0:
+                self.pgd = _optional_u64(memory, mm, self._layout.mm_pgd)
             if mm != 0 and is_kernel(mm + self._layout.mm_root):
                 self._add_root(memory.read_u64(mm + self._layout.mm_root))
         self._state.root_read = True

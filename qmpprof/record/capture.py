@@ -148,7 +148,8 @@ class Capturer:
             self._analyzer.forget_address_spaces()  # built before the guest copies came
         elif found == raw.file_maps:
             return sample
-        self._last_maps[raw.address_space] = found
+        if found:  # () is a task mid context switch: no guess for the next sample
+            self._last_maps[raw.address_space] = found
         return await self._complete(replace(raw, file_maps=found))
 
     def _adapter_task(self, raw: RawSample) -> int | None:

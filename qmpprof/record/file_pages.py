@@ -53,16 +53,20 @@ class PageCache:
         """A new connection: the guest may have booted again (other bases)."""
         self._bases = None
 
+    async def direct_map(self, reader: PageReader) -> int | None:
+        """Where this boot's direct map of physical memory starts; None if unreadable."""
+        bases = await self._memory_bases(reader)
+        return None if bases is None else bases.direct_map
+
     async def page(self, reader: PageReader, source: FileSource, address: int) -> bytes | None:
         """The page at `address` (page-aligned) as the file's mapping there shows it,
         from the page cache; None when it is not there or not the file's page."""
         index = source.page_index(address)
         if index is None:
             return None
-        bases = self._bases or await reader.run(self._read_bases)
-        if bases is None or bases is UNREADABLE:
+        bases = await self._memory_bases(reader)
+        if bases is None:
             return None
-        self._bases = bases
         layout = self.layout
         found = await reader.run(lambda m: file_page(m, layout, bases, source.file, index))
         data = b"" if found is None or found is UNREADABLE else await reader.read_page(found)
@@ -71,6 +75,13 @@ class PageCache:
             return None
         self.pages += 1
         return data
+
+    async def _memory_bases(self, reader: PageReader) -> MemoryBases | None:
+        """The two bases, read once per connection."""
+        if self._bases is None:
+            bases = await reader.run(self._read_bases)
+            self._bases = None if bases is UNREADABLE else bases
+        return self._bases
 
     def _read_bases(self, memory: MemoryReader) -> MemoryBases | None:
         return memory_bases(memory, self.layout, self._slide())

@@ -11,8 +11,12 @@ vCPU's page tables (the kernel half is in every process's; the build-ids are in 
 process's own half, so another process's task would get a wrong build-id). It returns a
 tuple of FileMapping sorted by start, () for a task without an mm (a kernel thread,
 which runs on a borrowed CR3: never kept), or None when no walk of that address space
-has succeeded yet. Raises only what the memory backend raises (a QMP session's errors);
-a fault in guest memory ends the walk and is counted, never raised.
+has succeeded yet. It returns () too when the vCPU is in the middle of a context switch
+(CR3 already holds another mm's page tables than `task`'s: mm->pgd, through the direct
+map, is not CR3's): the files' pages would be read in the wrong process, so nothing is
+read or kept (`stats.switching`), and the task's user frames stay unnamed. Raises only
+what the memory backend raises (a QMP session's errors); a fault in guest memory ends
+the walk and is counted, never raised.
 
 Maps are kept per address space: CR3 without its PCID bits, and `process` (the tgid,
 which the caller has from the adapter's label) when given, since a freed page directory
@@ -29,7 +33,7 @@ one read. `stats` counts walks, failed walks and reads.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from qmpprof.guest.adapter import OsAdapter
@@ -57,6 +61,9 @@ REREAD_INTERVAL_S = 1.0
 IMAGE_CHUNK_PAGES = 16
 #: CR3's address bits: the low 12 are PCID (or flags), the top bit is "no flush".
 _CR3_ADDRESS = 0x000F_FFFF_FFFF_F000
+#: The same without bit 12: with page-table isolation an mm's pgd is two pages, the
+#: kernel's and (CR3 in user mode) the user's after it.
+_PGD_PAIR = _CR3_ADDRESS & ~PAGE_SIZE
 
 
 @dataclass(frozen=True)
@@ -71,18 +78,23 @@ class MapsRead:
     reads: int
     has_mm: bool
     sources: tuple[FileSource | None, ...] = ()
+    #: The task's mm is not the one whose page tables CR3 holds (a context switch).
+    switching: bool = False
 
 
 async def read_maps(
-    memory: MemoryBackend, vcpu: int, layout: MapsLayout, task: int
+    memory: MemoryBackend, vcpu: int, layout: MapsLayout, task: int, loaded: Loaded = None
 ) -> MapsRead | None:
     """The maps of `task` (running on `vcpu`); None when kernel memory the walk needed
-    could not be read."""
+    could not be read. `loaded(pgd)` says whether those page tables are CR3's: when not,
+    the files' pages (their build-ids) are not read."""
     reader = PageReader(memory, vcpu)
     walk = MapsWalk(layout, task)
     files = await reader.run(walk.advance)
     if files is UNREADABLE:
         return None
+    if loaded is not None and walk.pgd is not None and not await loaded(reader, walk.pgd):
+        return MapsRead((), (), reader.reads, walk.has_mm, switching=True)
     found = []
     for mapped in files:
         build_id = None
@@ -109,6 +121,12 @@ class MapsStats:
     image_bytes: int = 0
     #: Of those bytes, pages the process had not touched, read from the page cache.
     cached_pages: int = 0
+    #: Walks of a task whose mm was not CR3's (a vCPU in the middle of a context switch).
+    switching: int = 0
+
+
+#: Says whether an mm's pgd is the page-table root CR3 holds (ProcessMaps._loaded_check).
+Loaded = Callable[[PageReader, int], Awaitable[bool]] | None
 
 
 @dataclass
@@ -117,6 +135,10 @@ class _Known:
     executable: tuple[tuple[int, int], ...]
     read_at: float
     sources: tuple[FileSource | None, ...] = ()
+
+
+#: What _read gives for a task whose mm is not the loaded one (never kept).
+_SWITCHING = _Known(None, (), 0.0)
 
 
 class ProcessMaps:
@@ -165,20 +187,40 @@ class ProcessMaps:
         known = self._known.get(key)
         pc = user_pc if user_pc is not None else registers.rip if registers.cpl == 3 else None
         if known is None or (self._stale(known) and not _runs_known(known, pc)):
-            known = await self._read(registers.vcpu, task, known)
-            if known is None:
+            done = await self._read(registers, task, known)
+            if done is None or done is _SWITCHING:
                 return ()
-            self._known[key] = known
+            known = self._known[key] = done
         return known.files
 
     def _stale(self, known: _Known) -> bool:
         return self._clock() - known.read_at >= REREAD_INTERVAL_S
 
-    async def _read(self, vcpu: int, task: int, before: _Known | None) -> _Known | None:
-        """A new read of the maps; None for a task without an mm (nothing to keep)."""
+    def _loaded_check(self, registers: RegisterSet) -> Loaded:
+        """Whether an mm's pgd (a direct-map address) is what CR3 holds; None when the
+        direct map's base is unknown (no page-cache layout: nothing is checked)."""
+        cache = self._page_cache
+        if cache is None:
+            return None
+
+        async def loaded(reader: PageReader, pgd: int) -> bool:
+            base = await cache.direct_map(reader)
+            return base is None or (pgd - base) & _PGD_PAIR == registers.cr3 & _PGD_PAIR
+
+        return loaded
+
+    async def _read(
+        self, registers: RegisterSet, task: int, before: _Known | None
+    ) -> _Known | None:
+        """A new read of the maps; None for a task without an mm (nothing to keep),
+        _SWITCHING for one whose mm is not loaded (nothing to keep either)."""
         now = self._clock()
-        done = await read_maps(self._memory, vcpu, self._layout, task)
+        loaded = self._loaded_check(registers)
+        done = await read_maps(self._memory, registers.vcpu, self._layout, task, loaded)
         self.stats.walks += 1
+        if done is not None and done.switching:
+            self.stats.switching += 1
+            return _SWITCHING
         if done is None:
             self.stats.failed += 1
             return _Known(before.files, before.executable, now) if before else _Known(None, (), now)

@@ -29,10 +29,10 @@ from qmpprof.guest.linux_maps import (
     maps_layout,
 )
 from qmpprof.memory import WindowMemory
-from qmpprof.model import FileMapping, MemoryWindow, RegisterSet
+from qmpprof.model import KERNEL_HALF, FileMapping, MemoryWindow, RegisterSet
 from qmpprof.modules import load_module
 from qmpprof.record.page_reader import PAGE_SIZE
-from qmpprof.record.process_maps import REREAD_INTERVAL_S, ProcessMaps
+from qmpprof.record.process_maps import REREAD_INTERVAL_S, ProcessMaps, read_maps
 from tests.elf_tools import readelf_build_id
 from tests.linux_tasks import proc_maps
 from tests.unit.conftest import build_elf
@@ -226,3 +226,29 @@ def test_no_process_maps_without_a_linux_kernel(symbols_elf: Path) -> None:
     assert ProcessMaps.of_guest(None, LinuxAdapter(), guest) is None  # type: ignore[arg-type]
     assert ProcessMaps.of_guest(module, GenericAdapter(), guest) is None  # type: ignore[arg-type]
     assert ProcessMaps.of_guest(module, LinuxAdapter(), guest) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("abi", "name"), CAUGHT)
+def test_a_task_whose_mm_is_not_the_loaded_one_gets_no_files(abi: str, name: str) -> None:
+    """Mid context switch (CR3 already the next task's, `current` still this one) the
+    files' first pages would be read in the other process: with its mm's pgd said not
+    loaded, the walk reads no build-id and gives no file; said loaded, the files."""
+    workload = DATA[abi]["workloads"][name]
+    layout, task = gdb_layout(abi), workload["task"]
+    asked: list[int] = []
+
+    def check(answer: bool) -> Any:
+        async def loaded(reader: object, pgd: int) -> bool:
+            asked.append(pgd)
+            return answer
+
+        return loaded
+
+    guest = SavedGuest(workload["kernel_reads"] + workload["user_reads"])
+    switching = asyncio.run(read_maps(guest, 0, layout, task, check(False)))  # type: ignore[arg-type]
+    assert switching is not None and switching.switching and switching.files == ()
+    assert len(asked) == 1 and asked[0] >= KERNEL_HALF and asked[0] % PAGE_SIZE == 0
+    loaded = asyncio.run(read_maps(guest, 0, layout, task, check(True)))  # type: ignore[arg-type]
+    assert loaded is not None and not loaded.switching
+    files = [[m.start, m.end, m.offset, m.path] for m in loaded.files]
+    assert files == [expected[:4] for expected in workload["found"]]

@@ -59,6 +59,7 @@ GDB_LAYOUT = (
     "&((struct dentry *)0)->d_name.len",
     "&((struct dentry *)0)->d_name.name",
     "&((struct vm_area_struct *)0)->anon_vma",
+    "&((struct mm_struct *)0)->pgd",
 )
 GDB_PTYPES = ("struct maple_range_64", "struct maple_arange_64")
 
