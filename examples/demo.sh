@@ -4,6 +4,7 @@
 # root with qmpprof on PATH. WORKLOAD=user profiles the guest's processes on two vCPUs.
 # GUEST=linux boots Debian's kernel (examples/linux, KASLR on, 2 vCPUs; KERNEL_ABI picks
 # the kernel) with its workloads instead, and profiles kernel and user space together.
+# DURATION (seconds, 10) and DEMO_OUT (the output directory, demo) change the defaults.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,7 +12,7 @@ DURATION=${DURATION:-10}
 ACCEL=${ACCEL:-auto}
 WORKLOAD=${WORKLOAD:-kernel}
 GUEST=${GUEST:-example}
-out=demo
+out=${DEMO_OUT:-demo}
 mkdir -p "$out"
 rm -f "$out/qmp.sock"
 
