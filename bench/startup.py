@@ -4,7 +4,7 @@ Boots the Linux example guest (Debian 12's kernel, 2 vCPUs, nokaslr; --abi ABI, 
 once or more, picks Debian kernels: `examples/linux/fetch.sh --list`), then the example
 guest, and runs `qmpprof dump` against each --runs times as a user would: a fresh
 process, its kernel ELF given. The first run is cold: an empty derived cache (a fresh
-QMPPROF_CACHE directory: symbols, CFI entries and layouts read from the ELF) and the
+QMPPROF_DERIVED_CACHE directory: symbols, CFI entries and layouts read from the ELF) and the
 ELF's pages dropped from the page cache (posix_fadvise); the others are warm (what the
 first stored, the ELF's pages in memory). For each run:
   first_s     from the process's start to QEMU's STOP event for its sample (QEMU's
@@ -77,7 +77,7 @@ def timed(command: list[str], cache: Path) -> tuple[float, float, float, int, st
     """(seconds, CPU seconds, peak MB, exit code, stdout) of `command` as a child process
     whose derived cache is `cache`."""
     started = time.perf_counter()
-    environment = {**os.environ, "QMPPROF_CACHE": str(cache)}
+    environment = {**os.environ, "QMPPROF_DERIVED_CACHE": str(cache)}
     child = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=environment
     )

@@ -15,7 +15,7 @@ SEED = int(os.environ.get("QMPPROF_SEED", "0"))
 #: No test reads what an earlier run (or the user's qmpprof) derived and cached: each
 #: qmpprof the tests start, in this process or as a child, reads its ELF files afresh.
 #: The tests of the cache itself give it a directory of their own.
-os.environ["QMPPROF_CACHE"] = "off"
+os.environ["QMPPROF_DERIVED_CACHE"] = "off"
 
 #: Hypothesis's time limits (a deadline per example, the too_slow health check on
 #: drawing) are timing thresholds: a loaded host would fail them. A test that sets its

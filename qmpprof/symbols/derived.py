@@ -2,11 +2,11 @@
 CFI entries and struct layouts take about a second to read from its 600 MB, and a
 tenth of that to load back.
 
-Entries live in $QMPPROF_CACHE (default $XDG_CACHE_HOME/qmpprof/derived, else
-~/.cache/qmpprof/derived; QMPPROF_CACHE=off keeps nothing), one directory per file
-keyed by its GNU build-id, size and modification time (a stripped file and its debug
-file share a build-id; a file changed in place keeps both), one entry per kind of data
-and format version. Only files with a build-id are cached.
+Entries live in $QMPPROF_DERIVED_CACHE (default $XDG_CACHE_HOME/qmpprof/derived, else
+~/.cache/qmpprof/derived; QMPPROF_DERIVED_CACHE=off keeps nothing; QMPPROF_CACHE is the
+examples' download cache), one directory per file keyed by its GNU build-id, size and
+modification time (a stripped file and its debug file share a build-id; a file changed
+in place keeps both), one entry per kind of data and format version. Only files with a build-id are cached.
 
 An entry is a header (magic, SHA-256 of the payload) and a marshal payload. One that
 does not check, or decodes to something else than its kind expects, is read again from
@@ -72,8 +72,8 @@ def kind_for(prefix: str, *parts: Iterable[str] | None) -> str:
 
 
 def cache_root() -> Path | None:
-    """Where entries live; None when QMPPROF_CACHE=off."""
-    configured = os.environ.get("QMPPROF_CACHE", "")
+    """Where entries live; None when QMPPROF_DERIVED_CACHE=off."""
+    configured = os.environ.get("QMPPROF_DERIVED_CACHE", "")
     if configured == "off":
         return None
     if configured:

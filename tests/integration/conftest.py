@@ -56,7 +56,7 @@ def run_qmpprof(
     """qmpprof as a user runs it: a separate process, its exit code, stdout and stderr.
     `cached`: with this session's derived cache (for ELF files no test changes), else
     none (tests/conftest.py)."""
-    environment = {**os.environ, "QMPPROF_CACHE": SESSION_CACHE} if cached else None
+    environment = {**os.environ, "QMPPROF_DERIVED_CACHE": SESSION_CACHE} if cached else None
     return subprocess.run(
         [sys.executable, "-m", "qmpprof", *args],
         capture_output=True,

@@ -21,7 +21,7 @@ from tests.unit.conftest import build_elf
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     directory = tmp_path / "cache"
-    monkeypatch.setenv("QMPPROF_CACHE", str(directory))
+    monkeypatch.setenv("QMPPROF_DERIVED_CACHE", str(directory))
     return directory
 
 
@@ -92,12 +92,12 @@ def test_a_cache_that_cannot_be_written_is_not_used(
 ) -> None:
     blocked = tmp_path / "a-file"
     blocked.write_text("not a directory")
-    monkeypatch.setenv("QMPPROF_CACHE", str(blocked / "cache"))
+    monkeypatch.setenv("QMPPROF_DERIVED_CACHE", str(blocked / "cache"))
     same_module(load_module(program), load_module(program))
 
 
 def test_off_keeps_nothing(program: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("QMPPROF_CACHE", "off")
+    monkeypatch.setenv("QMPPROF_DERIVED_CACHE", "off")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     load_module(program)
