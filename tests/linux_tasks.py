@@ -30,11 +30,6 @@ _MAPS_LINE = re.compile(
 )
 
 
-def started(serial: str) -> dict[str, int]:
-    """Each workload init started, by name: its pid."""
-    return {n: int(p) for n, p in re.findall(r"qmpprof-linux: started (\S+) pid (\d+)", serial)}
-
-
 def proc_maps(serial: str) -> dict[int, tuple[FileMapping, ...]]:
     """Each pid's executable file mappings, as /proc/PID/maps printed them."""
     found: dict[int, list[FileMapping]] = {}

@@ -26,10 +26,8 @@ from qmpprof.target.memory import open_memory
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.registers import parse_all
 from tests.integration.conftest import run_cached
-from tests.linux_vm import LinuxGuest, kernel_abis, running_linux
+from tests.linux_vm import LinuxGuest, kallsyms_slide, kernel_abis, running_linux, started_pids
 from tests.unit.conftest import build_elf
-
-HANDLER = "asm_exc_divide_error"
 
 
 @pytest.fixture(scope="module", params=kernel_abis())
@@ -43,14 +41,9 @@ def kaslr_guest(
 
 def guest_slide(guest: LinuxGuest) -> int:
     """The handler's address in the guest's /proc/kallsyms minus nm's in the vmlinux."""
-    said = re.search(
-        rf"qmpprof-linux: kallsyms ([0-9a-f]+) {HANDLER}", Path(guest.serial).read_text()
-    )
-    assert said is not None, "the guest's init did not print its kallsyms line"
-    nm = subprocess.run(["nm", str(guest.kernel)], capture_output=True, text=True, check=True)
-    linked = re.search(rf"^([0-9a-f]+) T {HANDLER}$", nm.stdout, re.MULTILINE)
-    assert linked is not None
-    return int(said.group(1), 16) - int(linked.group(1), 16)
+    slide = kallsyms_slide(Path(guest.serial).read_text(), guest.kernel)
+    assert slide is not None, "the guest's init did not print its kallsyms line"
+    return slide
 
 
 def nm_address(kernel: Path, name: str) -> int:
@@ -86,8 +79,7 @@ def test_record_names_kernel_frames_and_report_replays_them(
 
 def started(guest: LinuxGuest) -> dict[str, int]:
     """Each process init started, by name: its pid, as init printed it."""
-    text = Path(guest.serial).read_text()
-    return {name: int(pid) for name, pid in re.findall(r"started (\w+) pid (\d+)", text)}
+    return started_pids(Path(guest.serial).read_text())
 
 
 def test_samples_are_labelled_with_the_task_the_guest_says_it_started(

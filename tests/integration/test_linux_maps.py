@@ -24,8 +24,8 @@ from qmpprof.model import FileMapping, RegisterSet
 from qmpprof.record.page_reader import UNREADABLE, PageReader
 from qmpprof.record.process_maps import ProcessMaps, read_maps
 from tests.elf_tools import build_id_of
-from tests.linux_tasks import TaskList, catch_running, proc_maps, started
-from tests.linux_vm import ROOT, LinuxGuest, kernel_abis, running_linux
+from tests.linux_tasks import TaskList, catch_running, proc_maps
+from tests.linux_vm import ROOT, LinuxGuest, kernel_abis, running_linux, started_pids
 
 BUILD = ROOT / "examples" / "linux" / "build"
 BUSY = ("crunch", "crunchnofp", "sysloop", "pinned")
@@ -45,7 +45,7 @@ def without_build_ids(maps: tuple[FileMapping, ...]) -> list[tuple[int, int, int
 
 def test_every_workloads_maps_are_those_proc_printed(maps_guest: LinuxGuest) -> None:
     serial = Path(maps_guest.serial).read_text()
-    pids, printed = started(serial), proc_maps(serial)
+    pids, printed = started_pids(serial), proc_maps(serial)
     with_files = {name: pid for name, pid in pids.items() if printed.get(pid)}
     skipped = sorted(set(pids) - set(with_files))
     assert len(with_files) >= 4, f"too few workloads with file mappings (skipped: {skipped})"
@@ -80,7 +80,7 @@ def test_process_maps_gives_a_running_workloads_maps_and_build_id(
     maps_guest: LinuxGuest,
 ) -> None:
     serial = Path(maps_guest.serial).read_text()
-    pids, printed = started(serial), proc_maps(serial)
+    pids, printed = started_pids(serial), proc_maps(serial)
     busy = {pids[name]: name for name in BUSY if printed.get(pids[name])}
     options = TargetOptions(maps_guest.qmp, maps_guest.kernel)
     analyzer = build_analyzer(options)

@@ -38,8 +38,8 @@ from qmpprof.model import MemoryWindow, RegisterSet
 from qmpprof.record.process_maps import read_maps
 from qmpprof.target.memory import MemoryBackend
 from tests.elf_tools import readelf_build_id
-from tests.linux_tasks import catch_running, started
-from tests.linux_vm import ROOT, kernel_abis, running_linux
+from tests.linux_tasks import catch_running
+from tests.linux_vm import ROOT, kernel_abis, running_linux, started_pids
 
 OUT = Path(__file__).with_name("maps.json")
 BUILD = ROOT / "examples" / "linux" / "build"
@@ -158,7 +158,7 @@ async def record_guest(qmp: str, vmlinux: Path, pids: set[int]) -> dict[int, dic
 def record_kernel(abi: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as work, running_linux(Path(work), abi=abi) as guest:
         serial = Path(guest.serial).read_text()
-        pids = started(serial)
+        pids = started_pids(serial)
         busy = {pids[name] for name in BUSY if name in pids}
         caught = asyncio.run(record_guest(guest.qmp, guest.kernel, busy))
         oracle = gdb(guest.kernel)

@@ -47,8 +47,8 @@ from qmpprof.model import RegisterSet
 from qmpprof.record.page_reader import UNREADABLE, PageReader
 from qmpprof.record.process_maps import read_maps
 from qmpprof.target.memory import MemoryBackend
-from tests.linux_tasks import catch_running, started
-from tests.linux_vm import kernel_abis, running_linux
+from tests.linux_tasks import catch_running
+from tests.linux_vm import kernel_abis, running_linux, started_pids
 from tests.unit.data.linux.record_maps import Recorded, RecordingBackend
 
 OUT = Path(__file__).with_name("page_cache.json")
@@ -166,7 +166,7 @@ def record_kernel(abi: str) -> dict[str, Any]:
         tempfile.TemporaryDirectory() as work,
         running_linux(Path(work), "--smp", "2", "--workloads", "dynwork", abi=abi) as guest,
     ):
-        pid = started(Path(guest.serial).read_text())["dynwork"]
+        pid = started_pids(Path(guest.serial).read_text())["dynwork"]
         found = asyncio.run(record_guest(guest.qmp, guest.kernel, pid))
         return {"gdb": gdb(guest.kernel), **found}
 
