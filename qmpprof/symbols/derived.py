@@ -6,7 +6,8 @@ Entries live in $QMPPROF_DERIVED_CACHE (default $XDG_CACHE_HOME/qmpprof/derived,
 ~/.cache/qmpprof/derived; QMPPROF_DERIVED_CACHE=off keeps nothing; QMPPROF_CACHE is the
 examples' download cache), one directory per file keyed by its GNU build-id, size and
 modification time (a stripped file and its debug file share a build-id; a file changed
-in place keeps both), one entry per kind of data and format version. Only files with a build-id are cached.
+in place keeps both), one entry per kind of data and format version. Only files with a
+build-id are cached.
 
 An entry is a header (magic, SHA-256 of the payload) and a marshal payload. One that
 does not check, or decodes to something else than its kind expects, is read again from
