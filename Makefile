@@ -93,9 +93,9 @@ linux-guest:  ## fetch Debian's kernels (6.1, 6.12) + debug vmlinux and libc6 (+
 ORACLE_PAUSES ?= 100
 
 linux-oracle: deps linux-guest  ## qmpprof vs GDB on the Linux guest: every kernel (fetch.sh --list), KASLR off and on, ORACLE_PAUSES pauses each
-	for abi in $$(bash examples/linux/fetch.sh --list); do for kaslr in 0 1; do \
+	failed=0; for abi in $$(bash examples/linux/fetch.sh --list); do for kaslr in 0 1; do \
 		QMPPROF_LINUX_GDB_ABI=$$abi QMPPROF_LINUX_GDB_KASLR=$$kaslr QMPPROF_LINUX_GDB_SWEEP=$(ORACLE_PAUSES) \
-		$(BIN)/pytest -q -s tests/integration/test_linux_gdb_agreement.py || exit 1; done; done
+		$(BIN)/pytest -q -s tests/integration/test_linux_gdb_agreement.py || failed=1; done; done; exit $$failed
 
 clean:  ## remove the venv, demo output and guest builds
 	rm -rf $(VENV) demo examples/guest/build examples/linux/build
