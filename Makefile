@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 APT_PACKAGES := qemu-system-x86 gdb gcc make binutils python3-venv tmux dwarves
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help demo test unit integration fuzz bench kaslr-bench lint format deps system-deps guest linux-guest consumers clean
+.PHONY: help demo test unit integration fuzz bench kaslr-bench lint format deps system-deps guest linux-guest linux-oracle consumers clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -93,6 +93,14 @@ guest:  ## build the example guest OS, both variants (the tests unwind both)
 linux-guest:  ## fetch Debian's kernels (6.1, 6.12) + debug vmlinux and libc6 (+ -dbg) once (~/.cache/qmpprof), build the initramfs and sysroot
 	bash examples/linux/fetch.sh --all >/dev/null
 	$(MAKE) -s -C examples/linux
+
+#: Pauses per kernel and KASLR setting under `make linux-oracle` (each ~10 s).
+ORACLE_PAUSES ?= 100
+
+linux-oracle: deps linux-guest  ## qmpprof vs GDB on the Linux guest: every kernel (fetch.sh --list), KASLR off and on, ORACLE_PAUSES pauses each
+	failed=0; for abi in $$(bash examples/linux/fetch.sh --list); do for kaslr in 0 1; do \
+		QMPPROF_LINUX_GDB_ABI=$$abi QMPPROF_LINUX_GDB_KASLR=$$kaslr QMPPROF_LINUX_GDB_SWEEP=$(ORACLE_PAUSES) \
+		$(BIN)/pytest -q -s tests/integration/test_linux_gdb_agreement.py || failed=1; done; done; exit $$failed
 
 clean:  ## remove the venv, demo output and guest builds
 	rm -rf $(VENV) demo examples/guest/build examples/linux/build

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -142,3 +143,54 @@ def kallsyms_slide(serial_text: str, kernel: Path) -> int | None:
 def started_pids(serial_text: str) -> dict[str, int]:
     """Each workload init started, by name: the pid init printed for it."""
     return {name: int(pid) for name, pid in re.findall(r"started (\w+) pid (\d+)", serial_text)}
+
+
+def serial_says(guest: LinuxGuest, what: str) -> list[list[str]]:
+    """The words after `qmpprof-linux: WHAT` of each such line of the guest's serial log."""
+    prefix = f"qmpprof-linux: {what} "
+    lines = Path(guest.serial).read_text(errors="replace").splitlines()
+    return [line.strip()[len(prefix) :].split() for line in lines if line.startswith(prefix)]
+
+
+def kernel_slide(guest: LinuxGuest) -> int:
+    """The KASLR slide the guest itself says (kallsyms_slide); init must have said it."""
+    slide = kallsyms_slide(Path(guest.serial).read_text(errors="replace"), guest.kernel)
+    assert slide is not None, "the guest's init did not print its kallsyms line"
+    return slide
+
+
+def module_sections(guest: LinuxGuest, module: str) -> dict[str, int]:
+    """Where the guest put each section of `module`, as the workload that loaded it said
+    (`qmpprof-linux: section MODULE NAME ADDRESS`, from /sys/module/MODULE/sections)."""
+    return {
+        words[1]: int(words[2], 16)
+        for words in serial_says(guest, "section")
+        if len(words) == 3 and words[0] == module
+    }
+
+
+def module_debug_file(abi: str, module: str) -> Path:
+    """`module`'s debug file (DWARF, .debug_frame) from the kernel's -dbg .deb fetch.sh
+    cached, extracted once beside the vmlinux: lib/modules/ABI/kernel/MODULE.ko, with
+    `module` its path under kernel/ (drivers/block/loop)."""
+    cache = Path(os.environ.get("QMPPROF_CACHE", Path.home() / ".cache" / "qmpprof"))
+    target = cache / "linux" / abi / "modules-dbg" / f"{module}.ko"
+    if target.is_file():
+        return target
+    (deb,) = (cache / "debian").glob(f"linux-image-{abi}-dbg_*.deb")
+    member = f"./usr/lib/debug/lib/modules/{abi}/kernel/{module}.ko"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(f".part{os.getpid()}")
+    with (
+        subprocess.Popen(
+            ["dpkg-deb", "--fsys-tarfile", str(deb)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        ) as tar,
+        partial.open("wb") as out,
+    ):  # streamed: the package holds gigabytes
+        subprocess.run(
+            ["tar", "-xO", "--occurrence=1", member], stdin=tar.stdout, stdout=out, check=True
+        )
+    partial.replace(target)
+    return target

@@ -17,6 +17,8 @@
  *   dynwork     a dynamically linked PIE (Debian's ld.so and libc, our libqmpwork.so.1)
  *               at addresses ASLR picks: main -> dyn_loop -> dyn_sort -> qsort ->
  *               compare_keys, ... (workloads/dynwork.c); only when --workloads names it
+ *   loopread    keeps the loop driver's kworker busy: O_DIRECT reads of /dev/loop0 over
+ *               a file in tmpfs (workloads/loopread.c); only when --workloads names it
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -34,14 +36,16 @@
 
 /* Each workload: whether it runs only when qmpprof.workloads= names it (dynwork: the
  * other tests' oracles know only the static programs), and whether it stops itself
- * (SIGSTOP) first thing in main when STOP_IN_MAIN_ENV is in its environment (a
- * dynamically linked one: ld.so maps its libraries after the exec, see say_maps). */
+ * (SIGSTOP) in main when STOP_IN_MAIN_ENV is in its environment (a dynamically linked
+ * one first thing: ld.so maps its libraries after the exec, see say_maps; loopread once
+ * it has loaded loop.ko and said where its sections are). */
 static const struct workload {
     const char *name;
     int on_request_only, stops_in_main;
 } WORKLOADS[] = {
     {"crunch", 0, 0}, {"crunchnofp", 0, 0}, {"sysloop", 0, 0},
     {"pinned", 0, 0}, {"sleeper", 0, 0},    {"dynwork", 1, 1},
+    {"loopread", 1, 1},
 };
 #define STOP_IN_MAIN_ENV "QMPPROF_STOP_IN_MAIN=1"
 

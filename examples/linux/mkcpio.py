@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Write an initramfs (newc cpio) holding /init, the workloads in /bin, /dev/console,
 /dev/zero, /dev/null and /proc, without root and without the cpio tool: the archive says
-the owner and the device numbers itself. It also holds /lib/modules/ABI/crc8.ko for each
-kernel whose linux-image .deb is cached (init loads it), and with --root DIR every
+the owner and the device numbers itself. It also holds /lib/modules/ABI/NAME.ko of each
+of MODULES for each kernel whose linux-image .deb is cached (init loads crc8, loopread
+loads loop), and with --root DIR every
 directory, file and symbolic link of DIR at the same path (a guest sysroot from
 mksysroot.py: the dynamically linked workload and its libraries), less DIR/usr/lib/debug.
 
@@ -32,13 +33,16 @@ def entry(
     return record + b"\0" * (-len(record) % 4)
 
 
-#: The module init loads: small, depends on no other module, in every Debian kernel.
-MODULE = "crc8"
+#: The modules the guest loads, by their path under lib/modules/ABI/kernel/: each small,
+#: depending on no other module, in every Debian kernel. init loads crc8; the loopread
+#: workload loads loop.
+MODULES = ("lib/crc8", "drivers/block/loop")
 
 
-def cached_modules() -> dict[str, bytes]:
-    """MODULE's .ko for each kernel ABI whose linux-image-ABI-unsigned .deb fetch.sh cached
-    (inflated: 6.12's are .ko.xz), read with dpkg-deb."""
+def cached_modules() -> dict[tuple[str, str], bytes]:
+    """(ABI, name) -> the .ko of each of MODULES for each kernel ABI whose
+    linux-image-ABI-unsigned .deb fetch.sh cached (inflated: 6.12's are .ko.xz), read
+    with dpkg-deb."""
     cache = Path(os.environ.get("QMPPROF_CACHE", Path.home() / ".cache" / "qmpprof"))
     found = {}
     for deb in sorted((cache / "debian").glob("linux-image-*-unsigned_*.deb")):
@@ -46,19 +50,24 @@ def cached_modules() -> dict[str, bytes]:
         with tarfile.open(fileobj=io.BytesIO(tar.stdout)) as files:
             for member in files:
                 parts = member.name.split("/")  # ./lib/modules/ABI/kernel/lib/crc8.ko.xz
-                if parts[-2:] in (["lib", f"{MODULE}.ko"], ["lib", f"{MODULE}.ko.xz"]):
+                if "kernel" not in parts:
+                    continue
+                path = "/".join(parts[parts.index("kernel") + 1 :]).removesuffix(".xz")
+                if path.removesuffix(".ko") in MODULES and path.endswith(".ko"):
                     data = files.extractfile(member).read()
                     abi = parts[parts.index("modules") + 1]
-                    found[abi] = lzma.decompress(data) if member.name.endswith(".xz") else data
+                    name = Path(path).name
+                    inflated = lzma.decompress(data) if member.name.endswith(".xz") else data
+                    found[abi, name] = inflated
     return found
 
 
 def module_records() -> list[tuple[str, int, bytes, tuple[int, int]]]:
-    """/lib/modules/ABI/MODULE.ko for each cached kernel."""
+    """/lib/modules/ABI/NAME.ko for each of MODULES and each cached kernel."""
     records = [("lib", 0o040755, b"", (0, 0)), ("lib/modules", 0o040755, b"", (0, 0))]
-    for abi, data in cached_modules().items():
-        records.append((f"lib/modules/{abi}", 0o040755, b"", (0, 0)))
-        records.append((f"lib/modules/{abi}/{MODULE}.ko", 0o100644, data, (0, 0)))
+    for (abi, name), data in cached_modules().items():
+        records.append((f"lib/modules/{abi}", 0o040755, b"", (0, 0)))  # once: see archive
+        records.append((f"lib/modules/{abi}/{name}", 0o100644, data, (0, 0)))
     return records
 
 

@@ -43,7 +43,8 @@ def agree(gdb: list[GdbFrame], ours: Frames) -> bool:
 class GdbMi:
     """GDB in MI mode, attached to a gdbstub; every read has a timeout."""
 
-    def __init__(self, elf: Path, gdb_socket: str, timeout: float = 30.0) -> None:
+    def __init__(self, elf: Path, gdb_socket: str, timeout: float = 30.0, offset: int = 0) -> None:
+        """`offset`: where `elf` runs less where it is linked (a kernel's KASLR slide)."""
         self.timeout = timeout
         self._process = subprocess.Popen(
             ["gdb", "--interpreter=mi3", "-nx", "-q"],
@@ -56,7 +57,11 @@ class GdbMi:
         threading.Thread(target=self._read, daemon=True).start()
         self.command("-gdb-set mi-async on")
         self.command("-gdb-set confirm off")
-        self.command(f"-file-exec-and-symbols {elf}")
+        if offset:
+            self.command(f"-file-exec-file {elf}")
+            self.console(f"symbol-file -o {offset:#x} {elf}")
+        else:
+            self.command(f"-file-exec-and-symbols {elf}")
         self.command(f"-target-select remote {gdb_socket}", done="^connected")
 
     def _read(self) -> None:
@@ -148,6 +153,20 @@ class GdbMi:
             yield
         finally:
             self.console(f"remove-symbol-file {elf}")
+
+    def add_module(self, elf: Path, sections: dict[str, int]) -> None:
+        """A kernel module's symbols and CFI, each of its sections where the guest put it
+        (what /sys/module/NAME/sections says); the sections `elf` lacks are skipped."""
+        names = set(re.findall(r"\] (\S+)", self._section_headers(elf)))
+        placed = " ".join(
+            f"-s {name} {at:#x}" for name, at in sections.items() if name in names - {".text"}
+        )
+        self.console(f"add-symbol-file {elf} {sections['.text']:#x} {placed}")
+
+    @staticmethod
+    def _section_headers(elf: Path) -> str:
+        done = subprocess.run(["readelf", "-SW", str(elf)], capture_output=True, text=True)
+        return done.stdout
 
     def detach(self) -> None:
         """Let the VM run without GDB: while GDB is attached to a running VM, qmpprof's

@@ -1,4 +1,5 @@
-"""The Linux example guest (Debian's 6.1 kernel, KASLR off, 2 vCPUs): with GDB holding
+"""The Linux example guest (Debian's 6.1 kernel, KASLR off, 2 vCPUs; QMPPROF_LINUX_GDB_ABI
+and QMPPROF_LINUX_GDB_KASLR=1 pick another kernel and KASLR on): with GDB holding
 the VM stopped at random points, `qmpprof dump --json` must agree with GDB frame for
 frame on each vCPU, by the rules of test_gdb_agreement.py (same addresses, same
 function wherever GDB names one, inlined calls listed above their caller).
@@ -16,6 +17,11 @@ Each vCPU's sample falls in one class, decided from what GDB reads in the guest:
   user            a user task in user mode
 The thresholds are issue 15's. Where GDB itself cannot be trusted, see
 `trusted_kernel_frames`.
+
+With KASLR on, GDB loads the vmlinux at the slide the guest says (init prints where
+/proc/kallsyms puts asm_exc_divide_error), not at qmpprof's. When the loopread workload
+runs, GDB loads loop.ko's debug file (from the kernel's -dbg .deb) at the sections
+/sys/module/loop/sections gives, and qmpprof is given the guest's loop.ko (--module-dir).
 
 The pauses are drawn from a fixed seed (tests.seeds; QMPPROF_SEED=N draws others).
 """
@@ -35,15 +41,27 @@ from pathlib import Path
 import pytest
 
 from tests.guest_vm import qmp_call
-from tests.integration.conftest import run_qmpprof
+from tests.integration.conftest import run_cached
 from tests.integration.gdb_mi import Frames, GdbFrame, GdbMi, agree, same_function, text_aliases
-from tests.linux_vm import BOOT, LinuxGuest, running_linux
+from tests.linux_vm import (
+    BOOT,
+    LinuxGuest,
+    kernel_slide,
+    module_debug_file,
+    module_sections,
+    running_linux,
+)
 from tests.seeds import seeded
 
 VCPUS = 2
 BUILD = BOOT.parent / "build"
 #: The programs init starts (examples/linux/Makefile), each named after its comm.
-PROGRAMS = ("init", "crunch", "crunchnofp", "sysloop", "pinned", "sleeper")
+PROGRAMS = ("init", "crunch", "crunchnofp", "sysloop", "pinned", "sleeper", "loopread")
+#: The kernel (`fetch.sh --list`; boot.sh's default if unset) and KASLR (on if "1").
+ABI = os.environ.get("QMPPROF_LINUX_GDB_ABI") or None
+KASLR = os.environ.get("QMPPROF_LINUX_GDB_KASLR") == "1"
+#: The module the loopread workload loads (its path under lib/modules/ABI/kernel/).
+LOOP_MODULE = "drivers/block/loop"
 PAUSES = int(os.environ.get("QMPPROF_LINUX_GDB_PAUSES", "20"))
 #: The wider sweep: QMPPROF_LINUX_GDB_SWEEP=N pauses (hundreds). Each pause costs a
 #: `qmpprof dump` that loads the 600 MB vmlinux (8-15 s on a busy 2-core TCG host), so
@@ -73,10 +91,12 @@ THRESHOLDS = {IDLE: 0.98, KTHREAD: 0.98, USER_TASK_KERNEL: 0.98, USER_TASK_WHOLE
 
 @dataclass(frozen=True)
 class KernelLayout:
-    """What the oracle needs of the vmlinux, from its symbol table (nm), not from qmpprof."""
+    """What the oracle needs of the vmlinux, from its symbol table (nm), not from qmpprof.
+    Per-CPU symbols are offsets in each CPU's area, which KASLR does not move."""
 
-    current_task: int  # the per-CPU variable's offset in each CPU's area
-    thread_size: int  # the init task's stack: __end_init_task - __start_init_task
+    current_task: int  # the per-CPU variable's offset: current_task, or pcpu_hot (6.12)
+    in_pcpu_hot: bool  # current_task is pcpu_hot.current_task (GDB gives the member's offset)
+    thread_size: int  # the init task's stack: __end_init_task - __start_init_task (6.1)
 
     @classmethod
     def of(cls, vmlinux: Path) -> KernelLayout:
@@ -84,10 +104,26 @@ class KernelLayout:
         symbols = {
             name: int(address, 16)
             for address, _, name in (line.split() for line in nm.stdout.splitlines())
-            if name in ("current_task", "__start_init_task", "__end_init_task")
+            if name in (*INIT_STACK_SYMBOLS, "current_task", "pcpu_hot")
         }
-        size = symbols["__end_init_task"] - symbols["__start_init_task"]
-        return cls(symbols["current_task"], size)
+        start, end = next(
+            (symbols[f"__start_{name}"], symbols[f"__end_{name}"])
+            for name in ("init_task", "init_stack")
+            if f"__start_{name}" in symbols
+        )
+        if "current_task" in symbols:
+            return cls(symbols["current_task"], False, end - start)
+        return cls(symbols["pcpu_hot"], True, end - start)
+
+
+#: The init task's stack, whose size is every task's: 6.1 names it *_init_task, 6.12
+#: *_init_stack.
+INIT_STACK_SYMBOLS = (
+    "__start_init_task",
+    "__end_init_task",
+    "__start_init_stack",
+    "__end_init_stack",
+)
 
 
 @dataclass(frozen=True)
@@ -136,14 +172,19 @@ class Aliases:
 class LinuxOracle:
     """GDB's view of each vCPU of the paused Linux guest."""
 
-    def __init__(self, gdb: GdbMi, layout: KernelLayout) -> None:
+    def __init__(self, gdb: GdbMi, layout: KernelLayout, module_dir: Path | None) -> None:
         self.gdb = gdb
         self.layout = layout
+        self.module_dir = module_dir  # qmpprof's --module-dir, if the guest loaded one
         self.per_cpu = {self.number(f"__per_cpu_offset[{cpu}]", 1) for cpu in range(VCPUS)}
         gdb.command("-gdb-set backtrace past-main on")  # qmpprof goes on to _start
         # GDB's first member of struct task_struct takes minutes (it expands compilation
         # units that only declare the struct): paid here, once, not in the first pause.
         assert self.number("sizeof(((struct task_struct *)0)->comm)", 1) == TASK_COMM_LEN
+        member = "(unsigned long)&((struct pcpu_hot *)0)->current_task"
+        self.current_task = layout.current_task + (
+            self.number(member, 1) if layout.in_pcpu_hot else 0
+        )
 
     def number(self, expression: str, thread: int) -> int:
         value = self.gdb.evaluate(f'"{expression}"', thread)  # one MI argument
@@ -155,7 +196,7 @@ class LinuxOracle:
         GS and KERNEL_GS is this CPU's per-CPU area (swapgs swaps them at entry)."""
         bases = {self.number(f"${r}", thread) for r in ("gs_base", "k_gs_base")} & self.per_cpu
         assert len(bases) == 1, f"vCPU {thread - 1}: no per-CPU area in GS or KERNEL_GS"
-        address = self.number(f"*(unsigned long *){bases.pop() + self.layout.current_task:#x}", 1)
+        address = self.number(f"*(unsigned long *){bases.pop() + self.current_task:#x}", 1)
         field = f"((struct task_struct *){address:#x})->"
         comm = self.gdb.evaluate(f'"{field}comm"', thread) or ""
         quoted = re.match(r'^\\"([^\\]*)', comm)  # "crunch\000…" or "sleeper", '\000' <repeats…>
@@ -240,6 +281,11 @@ def kernel_part_agrees(observed: Observed, ours: Frames) -> bool:
         # go from it straight to the interrupted code, where GDB, guessing, lists the
         # asm_* entry stub it returns to. What both list must agree.
         return agree(observed.kernel[:-1], ours)
+    names = [f.function for f in observed.kernel]
+    if not observed.kernel_complete and names[-2:-1] == ["error_entry"]:
+        # The same in kernel mode: qmpprof goes on into the interrupted kernel code.
+        trusted = observed.kernel[:-1]
+        return agree(trusted, ours[: len(trusted)])
     return agree(observed.kernel, ours[: len(observed.kernel)])
 
 
@@ -249,23 +295,55 @@ def without_hidden_inline_leaf(ours: Frames, observed: Observed) -> Frames:
     this kernel hid one (rcu_read_unlock at aa_file_perm's pc, where the instruction
     before belongs to the caller: GDB's block_starting_point_at). Which of GDB's rules
     applies is not settled: a leaf inlined frame GDB leaves out is not counted against
-    qmpprof, every other frame is."""
+    qmpprof, every other frame is. The inlined call may bear its caller's own name (6.12:
+    copy_page_to_iter inlined at copy_page_to_iter's pc): the frames GDB lists at the
+    leaf must be the last ones qmpprof lists there."""
     gdb = observed.kernel or observed.user
     if not gdb:
         return ours
     at_leaf = [name for address, name in ours if address == gdb[0].address]
-    if gdb[0].function not in at_leaf[1:] or ours[0][1] == gdb[0].function:
+    gdb_at_leaf = [f.function for f in gdb if f.address == gdb[0].address]
+    hidden = len(at_leaf) - len(gdb_at_leaf)
+    if hidden <= 0 or at_leaf[hidden:] != gdb_at_leaf:
         return ours
-    return ours[at_leaf.index(gdb[0].function) :]
+    return ours[hidden:]
+
+
+#: x86-64's MODULES_VADDR with KASLR's 1 GiB kernel image: module code lies above it.
+MODULES_START = 0xFFFF_FFFF_C000_0000
+
+
+def without_module_inlines(frames: list[GdbFrame]) -> list[GdbFrame]:
+    """GDB's frames with the calls inlined in a module's code left out: of the frames GDB
+    lists at one module address, the last (the function whose code it is). qmpprof reads
+    a module's symbols and ORC, not its DWARF (qmpprof/symbols/kernel_object.py), so it
+    names module code by its symbol only (seen: GDB's lo_read_simple, do_req_filebacked,
+    loop_handle_cmd, loop_process_work at one address of loop.ko, qmpprof's
+    loop_process_work), which issue 15 asks of modules ("at least by name")."""
+    return [
+        frame
+        for frame, older in zip(frames, [*frames[1:], None], strict=False)
+        if not (frame.address >= MODULES_START and older and older.address == frame.address)
+    ]
 
 
 def gdb_gave_up(observed: Observed) -> bool:
-    """A user task's kernel stack always ends at an entry from user space; GDB's that
-    ends elsewhere is where GDB stopped, not the stack (seen: GDB ends an interrupt taken
-    in kernel code at sysvec_apic_timer_interrupt, without asm_sysvec_apic_timer_interrupt
-    and the interrupted read below it): what it has is compared, not what it lacks."""
+    """A kernel stack always ends at an entry frame (from user space; ret_from_fork for
+    a kernel thread) or, for an idle task, at secondary_startup_64; GDB's that ends
+    elsewhere is where GDB stopped, not the stack: what it has is compared, not what it
+    lacks. Seen on every class: GDB ends an interrupt at sysvec_apic_timer_interrupt,
+    without asm_sysvec_apic_timer_interrupt and the interrupted code below it (the
+    handler ran on the IRQ stack; when the interrupted task's stack lies below it in
+    memory, the caller's frame is "inner" to the handler's, and GDB stops there as it
+    does on a corrupt stack), where qmpprof, like the kernel's ORC unwinder, goes on to
+    the idle loop, the kworker's process_one_work or the system call."""
     last = observed.kernel[-1].function if observed.kernel else None
-    return observed.kind == USER_TASK_KERNEL and not (last and ENTRY.fullmatch(last))
+    return not (last and (ENTRY.fullmatch(last) or last in STACK_BOTTOMS))
+
+
+#: Where an idle task's stack ends (the boot CPU's through start_kernel, the others'
+#: through start_secondary).
+STACK_BOTTOMS = {"secondary_startup_64"}
 
 
 @dataclass
@@ -294,6 +372,7 @@ class ClassTally:
 class Agreement:
     pauses: int
     aliases: Aliases
+    guest: str = ""  # the kernel and KASLR
     seconds: float = 0.0
     classes: dict[str, ClassTally] = field(
         default_factory=lambda: {kind: ClassTally() for kind in THRESHOLDS}
@@ -302,7 +381,8 @@ class Agreement:
     def add(self, seen: Observed, frames: Frames) -> None:
         comm = seen.comm
         gdb = self.aliases.gdb
-        observed = replace(seen, kernel=gdb(seen.kernel, comm), user=gdb(seen.user, comm))
+        gdb_kernel = without_module_inlines(gdb(seen.kernel, comm))
+        observed = replace(seen, kernel=gdb_kernel, user=gdb(seen.user, comm))
         ours = without_hidden_inline_leaf(self.aliases.ours(frames, comm), observed)
         ours_kernel = [(a, n) for a, n in ours if a >= KERNEL_HALF]
         ours_user = [(a, n) for a, n in ours if a < KERNEL_HALF]
@@ -322,7 +402,7 @@ class Agreement:
         self.classes[USER_TASK_WHOLE].add(whole, observed, observed.kernel + observed.user, ours)
 
     def table(self) -> str:
-        lines = [f"Linux guest vs GDB: {self.pauses} pauses in {self.seconds:.0f} s"]
+        lines = [f"Linux guest vs GDB: {self.pauses} pauses in {self.seconds:.0f} s ({self.guest})"]
         for kind, tally in self.classes.items():
             lines.append(
                 f"  {kind:<38} {tally.agreed:>4}/{tally.samples:<4} {tally.agreement:6.1%}"
@@ -334,10 +414,11 @@ class Agreement:
         return "\n".join(lines)
 
 
-def qmpprof_frames(guest: LinuxGuest) -> dict[int, Frames]:
+def qmpprof_frames(guest: LinuxGuest, module_dir: Path | None) -> dict[int, Frames]:
     users = [arg for name in PROGRAMS for arg in ("--user", str(BUILD / name))]
-    done = run_qmpprof(
-        "dump", "--json", "--qmp-socket", guest.qmp, "--kernel", str(guest.kernel), *users
+    modules = ["--module-dir", str(module_dir)] if module_dir else []
+    done = run_cached(
+        "dump", "--json", "--qmp-socket", guest.qmp, "--kernel", str(guest.kernel), *users, *modules
     )
     assert done.returncode == 0, done.stderr
     return {
@@ -348,13 +429,15 @@ def qmpprof_frames(guest: LinuxGuest) -> dict[int, Frames]:
 
 def measure(guest: LinuxGuest, oracle: LinuxOracle, pauses: int, name: str) -> Agreement:
     rng = seeded(name)
-    result = Agreement(pauses, Aliases.of(guest.kernel))
+    result = Agreement(
+        pauses, Aliases.of(guest.kernel), f"{guest.abi}, KASLR {'on' if KASLR else 'off'}"
+    )
     started = time.monotonic()
     for _ in range(pauses):
         oracle.gdb.resume()
         time.sleep(rng.uniform(0.001, 0.05))  # chooses where to pause; not a synchronisation
         oracle.gdb.interrupt()
-        ours = qmpprof_frames(guest)
+        ours = qmpprof_frames(guest, oracle.module_dir)
         status = qmp_call(guest.qmp, "query-status")
         assert isinstance(status, dict) and status["status"] == "paused", "qmpprof resumed it"
         for vcpu in range(VCPUS):
@@ -367,14 +450,31 @@ def measure(guest: LinuxGuest, oracle: LinuxOracle, pauses: int, name: str) -> A
 @contextmanager
 def guest_under_gdb(workdir: Path, *boot: str) -> Iterator[tuple[LinuxGuest, LinuxOracle]]:
     gdb_socket = str(workdir / "gdb.sock")
+    kaslr = () if KASLR else ("--nokaslr",)
     with running_linux(
-        workdir, "--nokaslr", "--smp", str(VCPUS), "--gdb", gdb_socket, *boot
+        workdir, *kaslr, "--smp", str(VCPUS), "--gdb", gdb_socket, *boot, abi=ABI
     ) as guest:
-        gdb = GdbMi(guest.kernel, gdb_socket, timeout=GDB_TIMEOUT_S)
+        gdb = GdbMi(guest.kernel, gdb_socket, timeout=GDB_TIMEOUT_S, offset=kernel_slide(guest))
         try:
-            yield guest, LinuxOracle(gdb, KernelLayout.of(guest.kernel))
+            module_dir = load_loop_module(guest, gdb, workdir / "modules")
+            yield guest, LinuxOracle(gdb, KernelLayout.of(guest.kernel), module_dir)
         finally:
             gdb.close()
+
+
+def load_loop_module(guest: LinuxGuest, gdb: GdbMi, module_dir: Path) -> Path | None:
+    """If the guest loaded loop.ko (the loopread workload): its debug file into GDB where
+    the guest put its sections, and into `module_dir` for qmpprof's --module-dir (the
+    same file: the guest's loop.ko has ORC but no DWARF, and without DWARF qmpprof could
+    not list the calls inlined in the module as GDB does). None if it did not."""
+    sections = module_sections(guest, "loop")
+    if not sections:
+        return None
+    debug = module_debug_file(guest.abi, LOOP_MODULE)
+    gdb.add_module(debug, sections)
+    module_dir.mkdir(exist_ok=True)
+    (module_dir / "loop.ko").symlink_to(debug)
+    return module_dir
 
 
 @pytest.fixture(scope="module")
@@ -392,10 +492,11 @@ def agreement(linux_under_gdb: tuple[LinuxGuest, LinuxOracle]) -> Agreement:
 
 @pytest.fixture(scope="module")
 def quiet_agreement(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agreement]:
-    """The guest with only `sleeper` running: its CPUs idle most of the time, and what
-    else runs is kernel threads (the busy guest leaves neither any time)."""
+    """The guest with only `sleeper` and `loopread` running: its CPUs idle much of the
+    time, and the loop device's kworker copies what loopread reads (the busy guest leaves
+    neither idle nor kernel threads any time)."""
     workdir = tmp_path_factory.mktemp("linux-gdb-quiet")
-    with guest_under_gdb(workdir, "--workloads", "sleeper") as (guest, oracle):
+    with guest_under_gdb(workdir, "--workloads", "sleeper,loopread") as (guest, oracle):
         yield measure(guest, oracle, PAUSES, "linux gdb agreement, quiet")
 
 
@@ -440,20 +541,17 @@ def test_user_samples_agree_with_gdb(agreement: Agreement) -> None:
     check(agreement, USER)
 
 
-#: The quiet guest's checks run with the sweep: in 3 runs of 40 idle samples one run had
-#: one disagreement (rq_lock_irqsave at an idle CPU's leaf, not yet understood), and a
-#: single miss in 40 is under 98 %: `make test` must pass every time.
-quiet = pytest.mark.skipif(SWEEP_PAUSES == 0, reason="the quiet guest runs with the sweep")
-
-
-@quiet
 def test_idle_samples_agree_with_gdb(quiet_agreement: Agreement) -> None:
+    """The disagreement once seen here (an idle CPU in rq_lock_irqsave, under a timer
+    interrupt's softirq) was GDB's: it ended the stack at sysvec_apic_timer_interrupt
+    (see gdb_gave_up)."""
     assert quiet_agreement.classes[IDLE].samples > 0, quiet_agreement.table()
     check(quiet_agreement, IDLE)
 
 
-@quiet
 def test_kernel_thread_samples_agree_with_gdb(quiet_agreement: Agreement) -> None:
+    """loopread keeps the loop device's kworker busy: kernel threads are always seen."""
+    assert quiet_agreement.classes[KTHREAD].samples > 0, quiet_agreement.table()
     check(quiet_agreement, KTHREAD)
 
 
