@@ -47,13 +47,25 @@ def kernel_abis() -> list[str]:
     return done.stdout.split()
 
 
+#: A kernel that panics while booting (seen once in some fifty 6.12 boots under
+#: TCG: "Oops: int3" in sched_clock_cpu, a text-patching breakpoint taken on another
+#: vCPU) is booted once more; any other failure, or a second panic, is the test's.
+BOOT_ATTEMPTS = 2
+PANIC = re.compile(r"Kernel panic|Oops:")
+
+
 def boot_linux(workdir: Path, *extra: str, abi: str | None = None) -> LinuxGuest:
     """Boot the guest on kernel `abi` (boot.sh's default if None), fetching Debian's
     kernel first if this machine has not yet."""
-    qmp = workdir / "qmp.sock"
-    command = [str(BOOT), "--qmp", str(qmp), "--serial", str(workdir / "serial.log"), *extra]
+    qmp, serial = workdir / "qmp.sock", workdir / "serial.log"
+    command = [str(BOOT), "--qmp", str(qmp), "--serial", str(serial), *extra]
     command += ["--abi", abi] if abi else []
-    done = subprocess.run(command, capture_output=True, text=True, timeout=BOOT_TIMEOUT_S)
+    for attempt in range(BOOT_ATTEMPTS):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=BOOT_TIMEOUT_S)
+        log = serial.read_text(errors="replace") if serial.exists() else ""
+        if done.returncode == 0 or not PANIC.search(log) or attempt == BOOT_ATTEMPTS - 1:
+            break
+        print(f"the guest's kernel panicked while booting under TCG, booting again:\n{log}")
     if done.returncode != 0:
         raise RuntimeError(f"examples/linux/boot.sh failed: {done.stderr.strip()}")
     values = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
