@@ -17,7 +17,7 @@ from qmpprof.memory import WindowMemory
 from qmpprof.model import FileMapping, KernelModule, MemoryWindow
 from qmpprof.symbols.derived import FileKey, derived, file_key, kind_for
 from qmpprof.symbols.elf import PlainTable, Symbol, SymbolTable, read_code_symbols
-from qmpprof.symbols.elf_file import open_elf, read_build_id
+from qmpprof.symbols.elf_file import open_elf
 from qmpprof.symbols.image import code_sections
 from qmpprof.symbols.plt import plt_symbols
 from qmpprof.unwind.cfi import CfiTable, load_cfi
@@ -94,7 +94,7 @@ def load_module(path: str | Path, name: str | None = None, debug: Path | None = 
         table, debug = _symbol_table(path, elf, key, debug)
         sections = code_sections(elf)
         text = text_section(elf)
-        build_id = read_build_id(elf)
+        build_id = key.build_id if key is not None else None  # file_key read it
         extent = _extent(sections)
         orc = read_orc(elf, extent[1])
         loads = load_segments(elf)
