@@ -8,7 +8,10 @@ sample_cost.py does on the example guest:
                on demand, `cont`) with the analyzer `qmpprof record` builds (the debug
                vmlinux with the OS adapter registry.py picks, --user for each workload
                in examples/linux/build) and the KASLR slide found as connect.py finds
-               it; memory `direct`, through QEMU's /proc/PID/mem (no RAM file here)
+               it; memory `direct`: with --ram file (the default, as sample_cost.py on
+               the example guest) the guest's RAM is a shared file qmpprof maps
+               (boot.sh --memory-backend, qmpprof --mem-path), with --ram proc it is
+               read through QEMU's /proc/PID/mem (a QEMU started without a RAM file)
   analysis_ms  what is left of one tick's analysis after capture (symbols)
   *_cpu_ms     this process's CPU time per tick of the floor and of the stop path
                (analysis included), median of the rounds: on a loaded host the wall
@@ -41,6 +44,7 @@ from qmpprof.analysis import Analyzer
 from qmpprof.commands.common import TargetOptions, build_analyzer
 from qmpprof.commands.connect import connected
 from qmpprof.model import CapturedSample, Mode, Sample
+from tests.guest_vm import scratch_ram_file
 from tests.linux_vm import ROOT, running_linux
 
 BUILD = ROOT / "examples" / "linux" / "build"
@@ -87,11 +91,15 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], Kept, str
     kept: Kept = []
     with (
         tempfile.TemporaryDirectory(prefix="qmpprof-bench-") as directory,
-        running_linux(Path(directory), abi=args.abi) as guest,
+        scratch_ram_file() as ram,
+        running_linux(Path(directory), *ram_arguments(args.ram, ram), abi=args.abi) as guest,
     ):
-        options = TargetOptions(guest.qmp, guest.kernel, user_files=WORKLOADS, memory="direct")
+        mem_path = ram if args.ram == "file" else None
+        options = TargetOptions(
+            guest.qmp, guest.kernel, user_files=WORKLOADS, memory="direct", mem_path=mem_path
+        )
         analyzer = build_analyzer(options)
-        print(f"kernel {guest.abi}, OS adapter {analyzer.adapter.name}", flush=True)
+        print(f"kernel {guest.abi}, OS adapter {analyzer.adapter.name}, RAM {args.ram}", flush=True)
         for _ in range(args.rounds):
             started = time.process_time()
             times["floor"] += floor_ms(guest.qmp, args.samples, "stop")
@@ -104,6 +112,11 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], Kept, str
         if args.profile:
             profile_stop(options, analyzer, args.samples, args.profile)
         return times, kept, guest.abi
+
+
+def ram_arguments(ram: str, path: str) -> tuple[str, ...]:
+    """boot.sh's arguments for the guest RAM `--ram` asks for."""
+    return ("--memory-backend", path) if ram == "file" else ()
 
 
 def profile_stop(options: TargetOptions, analyzer: Analyzer, count: int, top: int) -> None:
@@ -138,6 +151,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=60, help="ticks per method per round")
     parser.add_argument("--abi", help="the Debian kernel to boot (boot.sh's default if none)")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile top N")
+    parser.add_argument(
+        "--ram", choices=("file", "proc"), default="file", help="how qmpprof reads guest RAM"
+    )
     args = parser.parse_args()
     times, kept, abi = measure(args)
     ms = {name: round(median(values) * 1000, 3) for name, values in times.items()}
@@ -155,7 +171,7 @@ def main() -> None:
         f"{figures['kernel_samples']} kernel samples reach user space "
         f"({figures['kernel_into_user_share']}); {figures['user_samples']} user samples"
     )
-    summary = {"abi": abi} | {f"{name}_ms": value for name, value in ms.items()}
+    summary = {"abi": abi, "ram": args.ram} | {f"{name}_ms": value for name, value in ms.items()}
     print(json.dumps(summary | {"stop_over_floor": ratio} | figures))
 
 

@@ -29,7 +29,7 @@ from qmpprof.defaults import DEFAULT_MAX_DEPTH
 from qmpprof.errors import MemoryFault
 from qmpprof.guest.adapter import GenericAdapter, OsAdapter
 from qmpprof.guest.mode import mode_of
-from qmpprof.memory import WindowMemory
+from qmpprof.memory import MemoryReader, WindowMemory
 from qmpprof.model import (
     KERNEL_HALF,
     CapturedSample,
@@ -177,31 +177,36 @@ class Analyzer:
         users = user_mapping(user, self.biases.get(user.name, 0), low) if user else []
         return [*kernel, *users]
 
-    def examine(self, raw: RawSample) -> Examined:
-        """`raw`'s stack and process as far as its memory allows, and what it misses."""
-        stack = self._unwind(raw)
+    def examine(self, raw: RawSample, memory: MemoryReader | None = None) -> Examined:
+        """`raw`'s stack and process as far as its memory allows, and what it misses.
+        `memory`: where to read (a FetchingMemory while the guest is paused); `raw`'s
+        windows by default."""
+        memory = memory if memory is not None else WindowMemory(raw.windows)
+        stack = self._unwind(raw, memory)
         missing = []
         try:
-            stack = self._with_user_side(raw, stack)
+            stack = self._with_user_side(raw, stack, memory)
         except MemoryFault as fault:
             missing.append(fault.address)
         if stack.stop is StopReason.FAULT and stack.fault_address is not None:
             missing.insert(0, stack.fault_address)
         try:
-            process = self.adapter.process(raw.registers, WindowMemory(raw.windows))
+            process = self.adapter.process(raw.registers, memory)
         except MemoryFault as fault:
             process = None
             missing.append(fault.address)
         return Examined(CapturedSample(raw, stack, process), tuple(missing))
 
-    def _with_user_side(self, raw: RawSample, stack: UnwoundStack) -> UnwoundStack:
+    def _with_user_side(
+        self, raw: RawSample, stack: UnwoundStack, memory: MemoryReader
+    ) -> UnwoundStack:
         """A kernel stack that never got back to user space, continued from the user
         registers the OS saved when the task entered the kernel (as perf does): the
         kernel's own tables mark some entry and exit code as the end of the stack.
         Raises MemoryFault."""
         if not raw.windows or any(f.address < KERNEL_HALF for f in stack.frames):
             return stack
-        user = self.adapter.user_registers(raw.registers, WindowMemory(raw.windows))
+        user = self.adapter.user_registers(raw.registers, memory)
         pc = user[RIP] if user is not None else None
         if user is None or pc is None or not FIRST_CODE_ADDRESS <= pc < KERNEL_HALF:
             return stack
@@ -209,20 +214,19 @@ class Analyzer:
         depth = self.max_depth - len(stack.frames)
         if depth <= 0:
             return stack
-        rest = unwind(user, WindowMemory(raw.windows), space, self.strategy, space.code, depth)
+        rest = unwind(user, memory, space, self.strategy, space.code, depth)
         first = FrameAddress(
             rest.frames[0].address, FrameKind.INSTRUCTION, Recovery.SAVED_USER_REGISTERS
         )
         frames = (*stack.frames, first, *rest.frames[1:])
         return UnwoundStack(frames, rest.stop, rest.fault_address)
 
-    def _unwind(self, raw: RawSample) -> UnwoundStack:
+    def _unwind(self, raw: RawSample, memory: MemoryReader) -> UnwoundStack:
         regs = raw.registers
         if not raw.windows:
             leaf = FrameAddress(regs.rip, FrameKind.INSTRUCTION)
             return UnwoundStack((leaf,), StopReason.NO_STACK)
         space = self._space_and_symbolizer(raw)[0]
-        memory = WindowMemory(raw.windows)
         registers = dwarf_registers(regs)
         return unwind(registers, memory, space, self.strategy, space.code, self.max_depth)
 

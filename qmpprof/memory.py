@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from qmpprof.errors import MemoryFault
@@ -43,3 +43,58 @@ class WindowMemory:
                 value: int = _U64.unpack_from(data, start)[0]
                 return value
         raise MemoryFault(address, 8)
+
+
+#: Fetches a window holding [address, address + size) from the paused guest, or one
+#: that starts there and ends early, or None when `address` is unreadable.
+WindowFetch = Callable[[int, int], MemoryWindow | None]
+
+
+class FetchingMemory:
+    """A MemoryReader over a sample's windows that grow while it is examined: a read they
+    miss fetches a window there from the paused guest at once (`fetch`), at most `limit`
+    fetches, and an address found unreadable is not asked for again. Every byte read
+    then lies in `windows`, so examining them alone later (a capture file) reads the same.
+
+    Misses are the common case here (each is a fetch, not an error), so the lookup
+    returns None instead of raising as WindowMemory does."""
+
+    def __init__(self, windows: Iterable[MemoryWindow], fetch: WindowFetch, limit: int) -> None:
+        self.windows = [w for w in windows if w.data]
+        self._spans = [(w.base, w.end, w.data) for w in self.windows]
+        self._fetch = fetch
+        self._left = limit
+        self._unreadable: set[int] = set()
+
+    def read(self, address: int, size: int) -> bytes:
+        found = self._find(address, size) or self._fetched(address, size)
+        if found is None:
+            raise MemoryFault(address, size)
+        start, data = found
+        return data[start : start + size]
+
+    def read_u64(self, address: int) -> int:
+        found = self._find(address, 8) or self._fetched(address, 8)
+        if found is None:
+            raise MemoryFault(address, 8)
+        value: int = _U64.unpack_from(found[1], found[0])[0]
+        return value
+
+    def _find(self, address: int, size: int) -> tuple[int, bytes] | None:
+        for base, end, data in self._spans:
+            if base <= address and address + size <= end:
+                return address - base, data
+        return None
+
+    def _fetched(self, address: int, size: int) -> tuple[int, bytes] | None:
+        """The new window's (offset of `address`, bytes), when it holds the whole read."""
+        if self._left <= 0 or address in self._unreadable or size < 0:
+            return None
+        self._left -= 1
+        window = self._fetch(address, size)
+        if window is None or not window.base <= address < window.end:
+            self._unreadable.add(address)
+            return None
+        self.windows.append(window)
+        self._spans.append((window.base, window.end, window.data))
+        return (address - window.base, window.data) if address + size <= window.end else None

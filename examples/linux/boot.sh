@@ -4,8 +4,11 @@
 #
 #   boot.sh --qmp SOCKET [--gdb SOCKET|PORT] [--smp N] [--serial LOG] [--timeout SEC]
 #           [--nokaslr] [--abi ABI] [--extra-qmp SOCKET] [--workloads a,b]
+#           [--memory-backend PATH]
 #   boot.sh stop PID
 #
+# --memory-backend keeps the guest's RAM in the file PATH (shared), which qmpprof
+# --mem-path PATH maps to read guest memory without system calls.
 # --abi picks the kernel (default $KERNEL_ABI, else fetch.sh's first; `fetch.sh --list`).
 # --gdb opens QEMU's gdbstub on a unix socket, or on a TCP port of 127.0.0.1 if a number.
 # On success prints, one per line on stdout:
@@ -29,6 +32,7 @@ if [[ ${1:-} == stop ]]; then  # the example guest's stop: SIGTERM, then SIGKILL
 fi
 
 qmp='' extra_qmp='' gdb='' smp=2 serial='' timeout=120 kaslr='' abi='' workloads=''
+membackend=''
 while [[ $# -gt 0 ]]; do
     case $1 in
         --qmp) qmp=${2:?--qmp needs a value}; shift 2 ;;
@@ -40,7 +44,8 @@ while [[ $# -gt 0 ]]; do
         --nokaslr) kaslr=nokaslr; shift ;;
         --abi) abi=${2:?--abi needs a value}; shift 2 ;;
         --workloads) workloads=${2:?--workloads needs a value}; shift 2 ;;
-        -h|--help) sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
+        --memory-backend) membackend=${2:?--memory-backend needs a value}; shift 2 ;;
+        -h|--help) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
         *) die "unknown argument '$1'" ;;
     esac
 done
@@ -76,6 +81,10 @@ args=(-accel tcg -display none -no-reboot -m "$MEMORY" -smp "$smp" -name qmpprof
       -serial "file:$serial" -qmp "unix:$qmp,server=on,wait=off"
       -daemonize -pidfile "$pidfile")
 [[ -n $gdb_device ]] && args+=(-gdb "$gdb_device")
+if [[ -n $membackend ]]; then
+    args+=(-object "memory-backend-file,id=mem,size=$MEMORY,mem-path=$(realpath -m -- "$membackend"),share=on"
+           -machine memory-backend=mem)
+fi
 # A second QMP monitor: another client (a benchmark watching for STOP) next to qmpprof.
 [[ -n $extra_qmp ]] && args+=(-qmp "unix:$(realpath -m -- "$extra_qmp"),server=on,wait=off")
 rm -f "$serial"

@@ -1,23 +1,28 @@
 """Capture one tick: every vCPU's registers, the guest memory needed to unwind it, and the
 unwind itself.
 
-Memory is read on demand: a first window around RSP, then, while the pure examination
-(Analyzer.examine) misses an address no window holds (a user stack after a syscall
-frame, the OS adapter's process struct), one more window there; a few rounds at most.
-The last examination is the result: the stack and process travel on with the sample.
+Memory is read on demand: a first window around RSP, then one more window wherever the
+examination (Analyzer.examine) reads an address no window holds (a user stack after a
+syscall frame, the OS adapter's process struct); a few at most. Where the guest's RAM is
+read on this host (target/direct.py) a read costs no round trip, so the examination
+fetches each window the moment it misses it (memory.FetchingMemory) and runs once.
+Through QEMU's monitor every read is a command: the examination runs, the windows it
+missed are read, and it runs again, a few rounds at most, starting with the addresses
+the vCPU's recent samples needed. The last examination is the result: the stack and
+process travel on with the sample.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 
 from qmpprof.analysis import Analyzer
 from qmpprof.defaults import DEFAULT_STACK_BYTES, PAGE_SIZE
 from qmpprof.errors import MemoryFault
 from qmpprof.guest.linux import LinuxAdapter
-from qmpprof.memory import WindowMemory
+from qmpprof.memory import FetchingMemory, WindowFetch, WindowMemory
 from qmpprof.model import (
     KERNEL_HALF,
     CapturedSample,
@@ -29,6 +34,7 @@ from qmpprof.model import (
 from qmpprof.record.identify import AddressSpaceIdentifier
 from qmpprof.record.kernel_modules import KernelModules
 from qmpprof.record.process_maps import ProcessMaps
+from qmpprof.target.direct import DirectMemory
 from qmpprof.target.memory import MemoryBackend
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.registers import parse_all
@@ -40,6 +46,9 @@ BELOW_RSP = 128
 #: CPU's area, the task), an interrupt on the IRQ stack one for the task's stack, the
 #: unwind into user space one or two for the user stack, an unreadable end one.
 MAX_EXTRA_WINDOWS = 8
+#: Windows fetched per sample where each read is direct (no round trip): smaller ones,
+#: a page at most, so more of them.
+MAX_LIVE_FETCHES = 16
 #: Addresses remembered per vCPU and read ahead of its next sample.
 MAX_PREFETCHED = 6
 #: The HMP command that gives every vCPU's registers.
@@ -168,9 +177,22 @@ class Capturer:
         return MemoryWindow(base, data) if data else None
 
     async def _complete(self, raw: RawSample) -> CapturedSample:
-        """Examine `raw`, fetching what it still misses, at most MAX_EXTRA_WINDOWS windows.
-        An address that cannot be read is not asked for again, and does not keep the
-        others (the unwind's end past a stack's top, the process) from being read.
+        """Examine `raw`, fetching the windows it still misses (a bounded number). An
+        address that cannot be read is not asked for again, and does not keep the others
+        (the unwind's end past a stack's top, the process) from being read."""
+        if isinstance(self._memory, DirectMemory):
+            return self._examined_live(raw, self._memory)
+        return await self._examined_in_rounds(raw)
+
+    def _examined_live(self, raw: RawSample, memory: DirectMemory) -> CapturedSample:
+        """One examination that reads each window it misses as it goes."""
+        fetch = window_fetch(memory.reader(raw.vcpu).read_prefix)
+        fetching = FetchingMemory(raw.windows, fetch, MAX_LIVE_FETCHES)
+        sample = self._analyzer.examine(raw, fetching).sample
+        return replace(sample, raw=replace(raw, windows=tuple(fetching.windows)))
+
+    async def _examined_in_rounds(self, raw: RawSample) -> CapturedSample:
+        """Examinations in rounds, each after reading the windows the last one missed.
 
         The addresses this vCPU's last sample needed are read first: most are the same
         from tick to tick (a Linux CPU's per-CPU area, its task), and each one found
@@ -215,3 +237,20 @@ class Capturer:
             if base + len(data) > address:
                 return MemoryWindow(base, data)
         return None
+
+
+def window_fetch(read_prefix: Callable[[int, int], bytes]) -> WindowFetch:
+    """Windows read with `read_prefix` (the readable bytes from an address, at most a
+    size): for a read of [address, address + size), from a little below it to the end
+    of the page of its last byte, or from the address when the page below is unreadable.
+    Reads cost no round trip here, so windows are small and more of them are fetched."""
+
+    def fetch(address: int, size: int) -> MemoryWindow | None:
+        end = ((address + max(size, 1) - 1) // PAGE_SIZE + 1) * PAGE_SIZE
+        for base in (max(address - BELOW_RSP, 0), address):
+            data = read_prefix(base, end - base)
+            if base + len(data) > address:
+                return MemoryWindow(base, data)
+        return None
+
+    return fetch

@@ -171,11 +171,12 @@ class DirectMemory:
         """Start a tick: translate with these registers, forgetting every cached
         translation (the guest ran since the last tick and may have changed its tables)."""
         shared: dict[PagingState, VirtualMemory] = {}
+        tables: dict[int, bytes] = {}
         self._vcpus = {}
         for regs in registers:
             state = PagingState.from_registers(regs)
             if state not in shared:  # vCPUs in one address space share one cache
-                shared[state] = VirtualMemory(self.physical, state)
+                shared[state] = VirtualMemory(self.physical, state, tables)
             self._vcpus[regs.vcpu] = shared[state]
 
     def reader(self, cpu: int) -> VirtualMemory:

@@ -27,6 +27,8 @@ _ADDRESS_SPACE_END = 1 << 64
 MAX_READ_BYTES = 1 << 24
 #: Translations kept per instance before the cache starts over (a tick needs a few).
 CACHE_LIMIT = 4096
+#: Page-table pages kept before that cache starts over (a tick needs a few dozen).
+TABLE_PAGES_LIMIT = 256
 
 _CR0_PG = 1 << 31
 _CR4_PSE = 1 << 4
@@ -143,7 +145,12 @@ class VirtualMemory:
     address, or physical memory the reader cannot read.
     """
 
-    def __init__(self, physical: PhysicalReader, state: PagingState) -> None:
+    def __init__(
+        self, physical: PhysicalReader, state: PagingState, tables: dict[int, bytes] | None = None
+    ) -> None:
+        """`tables`: the page-table pages read so far, by physical address, to share with
+        the other vCPUs' readers of the same moment (the kernel's half of every address
+        space is mapped by the same tables)."""
         self.physical = physical
         self.state = state
         self._read = physical.read_physical
@@ -155,6 +162,9 @@ class VirtualMemory:
         #: Table entries by physical address, as a CPU's paging-structure caches keep
         #: them: neighbouring pages share all but their last levels.
         self._entries: dict[int, int] = {}
+        #: Whole table pages: a walk reads one of them once, not an entry at a time
+        #: (each read of guest RAM may be a system call).
+        self._tables: dict[int, bytes] = {} if tables is None else tables
 
     @classmethod
     def from_registers(cls, physical: PhysicalReader, registers: RegisterSet) -> VirtualMemory:
@@ -164,6 +174,7 @@ class VirtualMemory:
         """Forget every cached translation (the guest may have changed its tables)."""
         self._cache.clear()
         self._entries.clear()
+        self._tables.clear()
 
     def translate(self, address: int) -> int:
         """The physical address `address` maps to. Raises MemoryFault."""
@@ -309,10 +320,17 @@ class VirtualMemory:
         return table, PAGE_SIZE
 
     def _read_entry(self, entry_address: int, entry_size: int) -> int:
-        data = self._read(entry_address, entry_size)
-        if len(data) != entry_size:
-            raise MemoryFault(entry_address, entry_size)
-        return int.from_bytes(data, "little")
+        page = entry_address & ~_PAGE_OFFSET
+        table = self._tables.get(page)
+        if table is None:
+            table = self._read(page, PAGE_SIZE)
+            if len(table) != PAGE_SIZE:
+                raise MemoryFault(entry_address, entry_size)
+            if len(self._tables) >= TABLE_PAGES_LIMIT:
+                self._tables.clear()
+            self._tables[page] = table
+        offset = entry_address & _PAGE_OFFSET
+        return int.from_bytes(table[offset : offset + entry_size], "little")
 
 
 def _large_page(entry: int, entry_size: int, frame_mask: int) -> int:
