@@ -4,9 +4,10 @@
 #
 #   boot.sh --qmp SOCKET [--gdb SOCKET|PORT] [--smp N] [--serial LOG] [--timeout SEC]
 #           [--nokaslr] [--abi ABI] [--extra-qmp SOCKET] [--workloads a,b]
-#           [--memory-backend PATH]
+#           [--memory-backend PATH] [--append 'KERNEL ARGS']
 #   boot.sh stop PID
 #
+# --append adds kernel command-line arguments (e.g. 'pti=on').
 # --memory-backend keeps the guest's RAM in the file PATH (shared), which qmpprof
 # --mem-path PATH maps to read guest memory without system calls.
 # --abi picks the kernel (default $KERNEL_ABI, else fetch.sh's first; `fetch.sh --list`).
@@ -32,7 +33,7 @@ if [[ ${1:-} == stop ]]; then  # the example guest's stop: SIGTERM, then SIGKILL
 fi
 
 qmp='' extra_qmp='' gdb='' smp=2 serial='' timeout=120 kaslr='' abi='' workloads=''
-membackend=''
+membackend='' append=''
 while [[ $# -gt 0 ]]; do
     case $1 in
         --qmp) qmp=${2:?--qmp needs a value}; shift 2 ;;
@@ -45,7 +46,8 @@ while [[ $# -gt 0 ]]; do
         --abi) abi=${2:?--abi needs a value}; shift 2 ;;
         --workloads) workloads=${2:?--workloads needs a value}; shift 2 ;;
         --memory-backend) membackend=${2:?--memory-backend needs a value}; shift 2 ;;
-        -h|--help) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
+        --append) append=${2:?--append needs a value}; shift 2 ;;
+        -h|--help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
         *) die "unknown argument '$1'" ;;
     esac
 done
@@ -53,6 +55,7 @@ done
 [[ $smp =~ ^[1-9][0-9]*$ ]] || die "--smp must be a positive integer"
 [[ $timeout =~ ^[1-9][0-9]*$ ]] || die "--timeout must be a positive integer (seconds)"
 [[ $workloads =~ ^[a-z,]*$ ]] || die "--workloads takes names like crunch,sleeper"
+[[ $append =~ ^[A-Za-z0-9_.,=\ -]*$ ]] || die "--append takes plain kernel arguments like 'pti=on'"
 command -v "$QEMU" >/dev/null || die "$QEMU not found"
 qmp=$(realpath -m -- "$qmp")
 gdb_device=''
@@ -77,7 +80,7 @@ pidfile=$(mktemp "${TMPDIR:-/tmp}/qmpprof-linux.XXXXXX")
 trap 'rm -f "$pidfile"' EXIT
 args=(-accel tcg -display none -no-reboot -m "$MEMORY" -smp "$smp" -name qmpprof-linux
       -kernel "${kernel[vmlinuz]}" -initrd "$HERE/build/initramfs.cpio"
-      -append "console=ttyS0 quiet panic=-1 $kaslr${workloads:+ qmpprof.workloads=$workloads}"
+      -append "console=ttyS0 quiet panic=-1 $kaslr${workloads:+ qmpprof.workloads=$workloads}${append:+ $append}"
       -serial "file:$serial" -qmp "unix:$qmp,server=on,wait=off"
       -daemonize -pidfile "$pidfile")
 [[ -n $gdb_device ]] && args+=(-gdb "$gdb_device")

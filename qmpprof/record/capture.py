@@ -129,9 +129,11 @@ class Capturer:
         user_module = await self._identifier.identify(regs)
         window = await self._stack_window(regs)
         if window is None:
+            # The task may still be read: Linux's entry code borrows RSP as a scratch
+            # register while it switches page tables (PTI).
             error = f"stack unreadable at rsp={regs.rsp:#x}"
             raw = RawSample(now, regs, user_module=user_module, error=error)
-            return self._analyzer.examine(raw).sample
+            return await self._complete(raw)
         guess = self._last_maps.get(regs.cr3 & ~0xFFF) if self.maps else None
         raw = RawSample(now, regs, (window,), user_module, file_maps=guess)
         return await self._with_process_maps(await self._complete(raw))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass
 
@@ -20,11 +21,25 @@ from qmpprof.model import RegisterSet
 from qmpprof.modules import Module
 from qmpprof.record.capture import REGISTERS
 from qmpprof.target.memory import MemoryBackend
+from qmpprof.target.pause import paused
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.registers import parse_all
 
 #: `info registers` gives each vCPU's IDT as "IDT=     <base> <limit>".
 _IDT = re.compile(r"^IDT=\s*([0-9a-f]{1,16}) ", re.MULTILINE)
+
+
+#: Pauses spent looking for a vCPU in kernel mode through QEMU's monitor (kernel_slide_of).
+PLACEMENT_PAUSES = 50
+
+
+class _Unmapped(enum.Enum):
+    """No vCPU could read the kernel: each ran on page tables that do not map it."""
+
+    TOKEN = 0
+
+
+_UNMAPPED = _Unmapped.TOKEN
 
 
 @dataclass(frozen=True)
@@ -42,40 +57,76 @@ async def kernel_slide_of(
     """The slide of a Linux guest's kernel (KASLR), read from the divide-error gate of
     the IDT of a vCPU in 64-bit mode and checked against the guest's `linux_banner`;
     None when the kernel is not Linux or no vCPU gives one (a guest still booting).
-    Raises KernelMismatch when the guest's kernel is not the --kernel ELF."""
+    Raises KernelMismatch when the guest's kernel is not the --kernel ELF.
+
+    Through QEMU's monitor a read translates with the vCPU's page tables at the time
+    of the read: the guest is held paused for it (unless someone else holds it), and,
+    while every vCPU runs user code on tables that do not map the kernel (page table
+    isolation), paused again, a few times at most, until one is in the kernel's.
+    Through this host's memory (direct) the kernel's own tables are walked instead."""
     kernel, adapter = analyzer.kernel, analyzer.adapter
     if kernel is None or not isinstance(adapter, LinuxAdapter):
         return None
+    if not memory.through_monitor:
+        placed = await _placement(session, memory, kernel, adapter)
+        return None if placed is _UNMAPPED else placed
+    for _ in range(PLACEMENT_PAUSES):
+        async with paused(session):
+            placed = await _placement(session, memory, kernel, adapter)
+        if placed is not _UNMAPPED:
+            return placed
+    raise KernelMismatch(
+        f"cannot check --kernel {kernel.path} against the guest: in {PLACEMENT_PAUSES} pauses "
+        "no vCPU ran on page tables that map the kernel (page table isolation, and every "
+        "vCPU in user code); --memory direct reads it through the kernel's own tables"
+    )
+
+
+async def _placement(
+    session: QmpSession, memory: MemoryBackend, kernel: Module, adapter: LinuxAdapter
+) -> KernelPlacement | _Unmapped | None:
     text = await session.hmp(REGISTERS)
     registers = parse_all(text)
     bases = [int(base, 16) for base in _IDT.findall(text)]
     if len(bases) != len(registers):
         return None
     memory.set_registers(registers)
-    for regs, base in zip(registers, bases, strict=True):
-        if regs.bits == 64:
-            gate = await memory.read_window(regs.vcpu, base, GATE_SIZE)
-            handler = gate_handler(gate)
-            if handler is None:
-                return None
-            slide = kernel_slide(gate, kernel.symbols)
-            if slide is None:
-                raise KernelMismatch(mismatch_no_slide(str(kernel.path), handler, kernel.symbols))
-            await _check_banner(memory, regs, kernel, adapter.banner, slide)
+    # A vCPU in kernel mode first: with page table isolation, one running user code maps
+    # little of the kernel.
+    pairs = sorted(zip(registers, bases, strict=True), key=lambda pair: pair[0].cpl != 0)
+    unmapped = False
+    for regs, base in pairs:
+        if regs.bits != 64:
+            continue
+        gate = await memory.read_window(regs.vcpu, base, GATE_SIZE)
+        handler = gate_handler(gate)
+        if handler is None:
+            return None
+        slide = kernel_slide(gate, kernel.symbols)
+        if slide is None:
+            raise KernelMismatch(mismatch_no_slide(str(kernel.path), handler, kernel.symbols))
+        if await _check_banner(memory, regs, kernel, adapter.banner, slide):
             return KernelPlacement(slide, regs.vcpu)
-    return None
+        unmapped = True
+    return _UNMAPPED if unmapped else None
 
 
 async def _check_banner(
     memory: MemoryBackend, regs: RegisterSet, kernel: Module, banner: int | None, slide: int
-) -> None:
+) -> bool:
     """Raise KernelMismatch unless the guest's linux_banner, moved by `slide`, is the
-    ELF's. A kernel ELF without the symbol or its bytes is not checked."""
+    ELF's; False, without a verdict, when the vCPU could read none of it through QEMU's
+    monitor (its page tables do not map the kernel: user code, or entry code before it
+    switches tables, under page table isolation). A kernel ELF without the
+    symbol or its bytes is not checked."""
     expected = linked_string(kernel.path, banner) if banner is not None else None
     if banner is None or not expected:
-        return
+        return True
     address = (banner + slide) % (1 << 64)
     found = await memory.read_window(regs.vcpu, address, len(expected))
+    if not found and memory.through_monitor:
+        return False
     problem = mismatch_banner(str(kernel.path), expected, found, address)
     if problem is not None:
         raise KernelMismatch(problem)
+    return True

@@ -25,7 +25,7 @@ from typing import Any
 
 from qmpprof.errors import DirectMemoryUnavailable, MemoryFault
 from qmpprof.model import RegisterSet
-from qmpprof.target.paging import PagingState, VirtualMemory
+from qmpprof.target.paging import PagingMode, PagingState, VirtualMemory
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.ram_layout import (
     RamBlock,
@@ -38,6 +38,9 @@ from qmpprof.target.xdump import parse_hmp_words
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _VERIFY_BYTES = 32
+#: CR3's bit that selects the user half of Linux's PTI pair of PGDs.
+_PTI_USER_BIT = 1 << 12
+_CR3_FRAME = 0x000F_FFFF_FFFF_F000
 _VERIFY_ATTEMPTS = 3
 
 
@@ -176,7 +179,8 @@ class DirectMemory:
         for regs in registers:
             state = PagingState.from_registers(regs)
             if state not in shared:  # vCPUs in one address space share one cache
-                shared[state] = VirtualMemory(self.physical, state, tables)
+                kernel = isolated_kernel_root(state)
+                shared[state] = VirtualMemory(self.physical, state, tables, kernel)
             self._vcpus[regs.vcpu] = shared[state]
 
     def reader(self, cpu: int) -> VirtualMemory:
@@ -195,6 +199,20 @@ class DirectMemory:
     async def close(self) -> None:
         self._vcpus = {}
         self.physical.close()
+
+
+def isolated_kernel_root(state: PagingState) -> int | None:
+    """Where the kernel's own top-level table is when this CR3 may be a user copy of it.
+
+    Linux's page table isolation (PTI, the Meltdown mitigation, on by default on the
+    Intel CPUs that need it, `pti=on` anywhere) runs user code on a second PGD that maps
+    of the kernel only its entry code: the two are allocated as an 8 KiB pair, the
+    kernel's first, and bit 12 of CR3 picks the user's. So while a vCPU runs user code,
+    its task and per-CPU area are mapped only by the table 4 KiB below. Used only for
+    upper-half addresses CR3's own table does not map (target.paging)."""
+    if state.mode not in (PagingMode.LONG4, PagingMode.LONG5) or not state.cr3 & _PTI_USER_BIT:
+        return None
+    return state.cr3 & _CR3_FRAME & ~_PTI_USER_BIT
 
 
 async def open_direct(session: QmpSession, mem_path: str | None = None) -> DirectMemory:

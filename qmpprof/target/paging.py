@@ -146,17 +146,24 @@ class VirtualMemory:
     """
 
     def __init__(
-        self, physical: PhysicalReader, state: PagingState, tables: dict[int, bytes] | None = None
+        self,
+        physical: PhysicalReader,
+        state: PagingState,
+        tables: dict[int, bytes] | None = None,
+        upper_root: int | None = None,
     ) -> None:
         """`tables`: the page-table pages read so far, by physical address, to share with
         the other vCPUs' readers of the same moment (the kernel's half of every address
-        space is mapped by the same tables)."""
+        space is mapped by the same tables). `upper_root`: a second top-level table to
+        walk an upper-half address from when the vCPU's own does not map it (a kernel
+        that isolates its page tables runs user code on one that maps little of it)."""
         self.physical = physical
         self.state = state
         self._read = physical.read_physical
         mode = state.mode
         self._levels = _levels(state, mode)
         self._root = _root(state, mode)
+        self._upper_root = upper_root if mode in (PagingMode.LONG4, PagingMode.LONG5) else None
         self._low_end, self._high_start = _address_limits(mode)
         self._cache: dict[int, tuple[int, int]] = {}  # virtual page number → _page()
         #: Table entries by physical address, as a CPU's paging-structure caches keep
@@ -296,15 +303,20 @@ class VirtualMemory:
         if not self._levels:
             return address & ~_PAGE_OFFSET, PAGE_SIZE
         try:
-            return self._walk_tables(address)
+            return self._walk_tables(address, self._root)
         except MemoryFault as err:  # name the virtual address, as for a not-present entry
+            if self._upper_root is None or address < self._high_start:
+                raise MemoryFault(address, size) from err
+        try:
+            return self._walk_tables(address, self._upper_root)
+        except MemoryFault as err:
             raise MemoryFault(address, size) from err
 
-    def _walk_tables(self, address: int) -> tuple[int, int]:
+    def _walk_tables(self, address: int, root: int) -> tuple[int, int]:
         """(frame, bytes mapped from it) in at most five table reads; raises MemoryFault
         for any unreadable or not-present entry (with whichever address: `_walk`
         renames it)."""
-        table = self._root
+        table = root
         entries = self._entries
         for shift, index_mask, entry_size, large_frame in self._levels:
             entry_address = table + ((address >> shift) & index_mask) * entry_size

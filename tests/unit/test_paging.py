@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from qmpprof.errors import MemoryFault
 from qmpprof.model import RegisterSet
+from qmpprof.target.direct import isolated_kernel_root
 from qmpprof.target.paging import (
     MAX_READ_BYTES,
     PagingMode,
@@ -349,6 +350,31 @@ def test_readers_of_one_moment_share_the_table_pages_they_read() -> None:
     other = VirtualMemory(ram, PagingState(CR0_PG, 0x1000 | 0x5, CR4_PAE, EFER_LONG), tables)
     assert other.translate(0xFFFF_FFFF_8012_3456) == 0x7456
     assert ram.reads == reads  # every level's table page was read by the first reader
+
+
+def test_an_upper_half_address_the_own_tables_miss_is_walked_from_the_upper_root() -> None:
+    """Page table isolation: the user's PML4 (0x5000) maps only its own half; the
+    kernel's (0x1000) maps the kernel. Lower-half addresses never use the second root."""
+    ram = Ram()
+    long4_kernel_page(ram)  # the kernel's tables, from 0x1000
+    ram.entry(0x5000, 0, 0x2000 | P)  # a user half, through the same PDPT page
+    user = PagingState(CR0_PG, 0x5000, CR4_PAE, EFER_LONG)
+    with pytest.raises(MemoryFault):
+        VirtualMemory(ram, user).translate(0xFFFF_FFFF_8012_3000)
+    memory = VirtualMemory(ram, user, upper_root=0x1000)
+    assert memory.translate(0xFFFF_FFFF_8012_3008) == 0x7008
+    with pytest.raises(MemoryFault):  # index 0 of the user PML4 leads to PDPT entry 0: empty
+        memory.translate(0x0000_0000_0012_3000)
+    ram.entry(0x1000, 1, 0x2000 | P)  # the kernel root maps this lower address; the user's not
+    with pytest.raises(MemoryFault):
+        memory.translate(0x0000_0080_0012_3000)
+
+
+def test_only_the_user_half_of_a_pti_pair_has_a_kernel_root_beside_it() -> None:
+    user = PagingState(CR0_PG, 0x0123_5000 | 0x800 | 1 << 63, CR4_PAE, EFER_LONG)
+    assert isolated_kernel_root(user) == 0x0123_4000
+    assert isolated_kernel_root(PagingState(CR0_PG, 0x0123_4000, CR4_PAE, EFER_LONG)) is None
+    assert isolated_kernel_root(PagingState(CR0_PG, 0x0123_5000, CR4_PAE, 0)) is None  # PAE
 
 
 # ---- hostile memory ----
