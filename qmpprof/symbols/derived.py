@@ -14,6 +14,10 @@ does not check, or decodes to something else than its kind expects, is read agai
 the ELF and rewritten; a cache that cannot be written (read-only, full disk) is not
 used. Writes are atomic (a temporary file renamed), so two qmpprof processes can share
 the cache. The directory can be deleted at any time.
+
+The cache stays bounded: a file's directory is touched each time it answers, and when a
+new one is made, the least recently used go until at most MAX_FILES directories and
+MAX_CACHE_BYTES remain (the newest is always kept).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import contextlib
 import hashlib
 import marshal
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -39,6 +44,9 @@ FORMAT = 1
 MAGIC = b"qmpprof derived\n"
 #: A larger entry is not read (the symbols of Debian's vmlinux take about 8 MB).
 MAX_ENTRY_BYTES = 1 << 28
+#: The cache's bounds: directories (files derived from) and bytes in all.
+MAX_FILES = 64
+MAX_CACHE_BYTES = 2 << 30
 #: What a payload that does not decode as its kind expects raises.
 DECODE_ERRORS = (ValueError, TypeError, EOFError, KeyError, IndexError, AttributeError)
 
@@ -99,9 +107,13 @@ def derived(
         payload = _read(entry)
         if payload is not None:
             try:
-                return decode(marshal.loads(payload))
+                value = decode(marshal.loads(payload))
             except DECODE_ERRORS:
                 pass
+            else:
+                with contextlib.suppress(OSError):
+                    os.utime(entry.parent)  # recently used: kept by _prune
+                return value
     value = compute()
     if entry is not None:
         _write(entry, marshal.dumps(encode(value)))
@@ -133,13 +145,34 @@ def _write(entry: Path, payload: bytes) -> None:
         return
     temporary: Path | None = None
     try:
+        new = not entry.parent.is_dir()
         entry.parent.mkdir(parents=True, exist_ok=True)
         descriptor, name = tempfile.mkstemp(dir=entry.parent, prefix=f".{entry.name}.")
         temporary = Path(name)
         with os.fdopen(descriptor, "wb") as file:
             file.write(MAGIC + hashlib.sha256(payload).digest() + payload)
         os.replace(temporary, entry)
+        if new:
+            _prune(entry.parent.parent, entry.parent)
     except OSError:
         if temporary is not None:
             with contextlib.suppress(OSError):
                 temporary.unlink()
+
+
+def _prune(root: Path, newest: Path) -> None:
+    """Remove the least recently used file directories under `root` (not `newest`)
+    until MAX_FILES and MAX_CACHE_BYTES hold. Raises OSError."""
+    kept: list[tuple[float, int, Path]] = []
+    for directory in root.iterdir():
+        if directory.is_dir() and not directory.is_symlink():
+            size = sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
+            kept.append((directory.stat().st_mtime, size, directory))
+    kept.sort(reverse=True)  # newest first
+    total = sum(size for _, size, _ in kept)
+    while kept and (len(kept) > MAX_FILES or total > MAX_CACHE_BYTES):
+        _, size, oldest = kept.pop()
+        if oldest == newest:
+            continue
+        shutil.rmtree(oldest, ignore_errors=True)
+        total -= size

@@ -14,6 +14,7 @@ import pytest
 
 from qmpprof.guest.dwarf_types import read_layout
 from qmpprof.modules import Module, load_module
+from qmpprof.symbols import derived
 from qmpprof.symbols.derived import MAGIC
 from tests.unit.conftest import build_elf
 
@@ -133,3 +134,25 @@ def test_a_file_without_a_build_id_is_not_cached(cache: Path, tmp_path: Path) ->
     built = build_elf("symbols.c", tmp_path, "-O1", "-Wl,--build-id=none")
     load_module(built)
     assert entries(cache) == []
+
+
+def test_the_least_recently_used_files_go_when_the_cache_is_full(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(derived, "MAX_FILES", 2)
+    first, second, third = (
+        build_elf(source, tmp_path, "-O1", "-g")
+        for source in ("symbols.c", "cfi_chain.c", "inlined.c")
+    )
+    load_module(first)
+    load_module(second)
+    directories = {path.name: path for path in cache.iterdir()}
+    assert len(directories) == 2
+    for age, path in enumerate(sorted(directories.values(), key=lambda p: p.name)):
+        os.utime(path, (1000 + age, 1000 + age))  # both long unused
+    load_module(first)  # used again: its directory is the newer now
+    used = {path.name for path in cache.iterdir() if path.stat().st_mtime > 2000}
+    assert len(used) == 1
+    load_module(third)
+    left = {path.name for path in cache.iterdir()}
+    assert len(left) == 2 and used <= left
