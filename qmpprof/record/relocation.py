@@ -71,13 +71,15 @@ async def kernel_slide_of(
         placed = await _placement(session, memory, kernel, adapter)
         return None if placed is _UNMAPPED else placed
     for _ in range(PLACEMENT_PAUSES):
-        async with paused(session):
+        async with paused(session) as ours:
             placed = await _placement(session, memory, kernel, adapter)
         if placed is not _UNMAPPED:
             return placed
+        if not ours:
+            break  # held paused by someone else: the vCPUs stay where they are
     raise KernelMismatch(
-        f"cannot check --kernel {kernel.path} against the guest: in {PLACEMENT_PAUSES} pauses "
-        "no vCPU ran on page tables that map the kernel (page table isolation, and every "
+        f"cannot check --kernel {kernel.path} against the guest: in up to {PLACEMENT_PAUSES} "
+        "pauses no vCPU ran on page tables that map the kernel (page table isolation, and every "
         "vCPU in user code); --memory direct reads it through the kernel's own tables"
     )
 
