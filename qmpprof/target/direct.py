@@ -40,7 +40,6 @@ _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _VERIFY_BYTES = 32
 #: CR3's bit that selects the user half of Linux's PTI pair of PGDs.
 _PTI_USER_BIT = 1 << 12
-_CR3_FRAME = 0x000F_FFFF_FFFF_F000
 _VERIFY_ATTEMPTS = 3
 
 
@@ -212,7 +211,7 @@ def isolated_kernel_root(state: PagingState) -> int | None:
     upper-half addresses CR3's own table does not map (target.paging)."""
     if state.mode not in (PagingMode.LONG4, PagingMode.LONG5) or not state.cr3 & _PTI_USER_BIT:
         return None
-    return state.cr3 & _CR3_FRAME & ~_PTI_USER_BIT
+    return state.root & ~_PTI_USER_BIT
 
 
 async def open_direct(session: QmpSession, mem_path: str | None = None) -> DirectMemory:

@@ -88,6 +88,12 @@ class PagingState:
             return PagingMode.LONG5 if self.cr4 & _CR4_LA57 else PagingMode.LONG4
         return PagingMode.PAE
 
+    @property
+    def root(self) -> int:
+        """The physical address of the top-level table CR3 points at (flags, PCID and
+        reserved bits dropped)."""
+        return _root(self, self.mode)
+
 
 #: One table level: (index shift, entries - 1, entry bytes, large-page frame mask or 0
 #: where the PS bit does not make a large page).
