@@ -4,15 +4,20 @@ Boots examples/linux (Debian's kernel, 2 vCPUs, KASLR on; --abi picks the kernel
 `examples/linux/fetch.sh --list`) and measures side by side, in --rounds rounds, as
 sample_cost.py does on the example guest:
   floor_ms     a bare-socket loop of stop, info registers -a, cont: no memory, no unwind
-  stop_ms      qmpprof's stop-mode sampling path (primed `stop`, registers, stack read
-               on demand, `cont`) with the analyzer `qmpprof record` builds (the debug
+  stop_ms      qmpprof's stop-mode sampling path (primed `stop`, registers, a copy of the
+               memory the unwind reads, `cont`) with the analyzer `qmpprof record` builds (the debug
                vmlinux with the OS adapter registry.py picks, --user for each workload
                in examples/linux/build) and the KASLR slide found as connect.py finds
                it; memory `direct`: with --ram file (the default, as sample_cost.py on
                the example guest) the guest's RAM is a shared file qmpprof maps
                (boot.sh --memory-backend, qmpprof --mem-path), with --ram proc it is
                read through QEMU's /proc/PID/mem (a QEMU started without a RAM file)
-  analysis_ms  what is left of one tick's analysis after capture (symbols)
+  analysis_ms  what is left of one tick after the VM runs again (the unwind of the
+               copied stacks, symbols)
+  paused_stop_ms  the stop path of `record --unwind-paused`: memory read on demand and
+               unwound with the VM paused (exact at any stack depth)
+  *_pause_ms   the VM's pause per tick by QEMU's own clock (its STOP and RESUME
+               events' timestamps): what the guest loses, without our round trips
   *_cpu_ms     this process's CPU time per tick of the floor and of the stop path
                (analysis included), median of the rounds: on a loaded host the wall
                times follow QEMU's scheduling, this follows only our own work
@@ -33,6 +38,7 @@ import pstats
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -59,6 +65,7 @@ class StopRound(NamedTuple):
 
     path: list[float]
     analysis: list[float]
+    pauses: list[float]
     cpu_per_tick: float
     connect_cpu: float
 
@@ -78,16 +85,19 @@ async def stop_ms(
         started = time.process_time()
         if profiler is not None:
             profiler.enable()
-        path, analysis = await ticks_ms(session, analyzer, capturer, count, "stop", kept)
+        pauses: list[float] = []
+        path, analysis = await ticks_ms(session, analyzer, capturer, count, "stop", kept, pauses)
         if profiler is not None:
             profiler.disable()
-        return StopRound(path, analysis, (time.process_time() - started) / count, connect_cpu)
+        cpu = (time.process_time() - started) / count
+        return StopRound(path, analysis, pauses, cpu, connect_cpu)
 
 
 def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], Kept, str]:
     """The floor's and the stop path's times, taking turns; the samples; the ABI."""
-    times: dict[str, list[float]] = {"floor": [], "stop": [], "analysis": []}
-    times |= {"floor_cpu": [], "stop_cpu": [], "connect_cpu": []}
+    names = ["floor", "stop", "analysis", "paused_stop", "floor_pause", "stop_pause"]
+    names += ["paused_stop_pause", "floor_cpu", "stop_cpu", "paused_stop_cpu", "connect_cpu"]
+    times: dict[str, list[float]] = {name: [] for name in names}
     kept: Kept = []
     with (
         tempfile.TemporaryDirectory(prefix="qmpprof-bench-") as directory,
@@ -100,15 +110,21 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], Kept, str
         )
         analyzer = build_analyzer(options)
         print(f"kernel {guest.abi}, OS adapter {analyzer.adapter.name}, RAM {args.ram}", flush=True)
+        paused = replace(options, unwind_paused=True)
         for _ in range(args.rounds):
             started = time.process_time()
-            times["floor"] += floor_ms(guest.qmp, args.samples, "stop")
+            times["floor"] += floor_ms(guest.qmp, args.samples, "stop", times["floor_pause"])
             times["floor_cpu"].append((time.process_time() - started) / args.samples)
             stop = asyncio.run(stop_ms(options, analyzer, args.samples, kept))
             times["stop"] += stop.path
             times["analysis"] += stop.analysis
+            times["stop_pause"] += stop.pauses
             times["stop_cpu"].append(stop.cpu_per_tick)
             times["connect_cpu"].append(stop.connect_cpu)
+            exact = asyncio.run(stop_ms(paused, analyzer, args.samples, []))
+            times["paused_stop"] += exact.path
+            times["paused_stop_pause"] += exact.pauses
+            times["paused_stop_cpu"].append(exact.cpu_per_tick)
         if args.profile:
             profile_stop(options, analyzer, args.samples, args.profile)
         return times, kept, guest.abi
@@ -159,11 +175,21 @@ def main() -> None:
     ms = {name: round(median(values) * 1000, 3) for name, values in times.items()}
     ratio = round(ms["stop"] / ms["floor"], 2)
     figures = sample_figures(kept)
+    paused_ratio = round(ms["paused_stop"] / ms["floor"], 2)
+    pause_ratio = round(ms["stop_pause"] / ms["floor_pause"], 2)
     print(
         f"floor {ms['floor']:.3f} ms, stop {ms['stop']:.3f} ms ({ratio:.2f}x the floor), "
-        f"analysis {ms['analysis']:.3f} ms per tick; our CPU per tick: floor "
-        f"{ms['floor_cpu']:.3f} ms, stop {ms['stop_cpu']:.3f} ms; connecting "
-        f"{ms['connect_cpu']:.1f} ms"
+        f"analysis {ms['analysis']:.3f} ms per tick; --unwind-paused {ms['paused_stop']:.3f}"
+        f" ms ({paused_ratio:.2f}x)"
+    )
+    print(
+        f"the VM's pause by QEMU's clock: floor {ms['floor_pause']:.3f} ms, stop "
+        f"{ms['stop_pause']:.3f} ms ({pause_ratio:.2f}x), --unwind-paused "
+        f"{ms['paused_stop_pause']:.3f} ms"
+    )
+    print(
+        f"our CPU per tick: floor {ms['floor_cpu']:.3f} ms, stop {ms['stop_cpu']:.3f} ms, "
+        f"--unwind-paused {ms['paused_stop_cpu']:.3f} ms; connecting {ms['connect_cpu']:.1f} ms"
     )
     print(
         f"{figures['windows_per_sample']} memory windows per sample (max "
@@ -172,7 +198,8 @@ def main() -> None:
         f"({figures['kernel_into_user_share']}); {figures['user_samples']} user samples"
     )
     summary = {"abi": abi, "ram": args.ram} | {f"{name}_ms": value for name, value in ms.items()}
-    print(json.dumps(summary | {"stop_over_floor": ratio} | figures))
+    ratios = {"stop_over_floor": ratio, "paused_stop_over_floor": paused_ratio}
+    print(json.dumps(summary | ratios | {"pause_over_floor": pause_ratio} | figures))
 
 
 if __name__ == "__main__":

@@ -3,14 +3,14 @@
   floor_ms        a bare-socket loop of the QMP commands a stopped sample needs
                   (stop, info registers -a, cont), no memory reads, no unwinding
   floor_nonblocking_ms  the same for a sample of the running VM (info registers -a)
-  stop_ms         qmpprof's sampling path in stop mode: pause, registers, stack (direct
-                  memory, on demand), resume; with `stop` primed ahead of the tick, as
+  stop_ms         qmpprof's sampling path in stop mode: pause, registers, a copy of the
+                  stack (direct memory), resume; with `stop` primed ahead of the tick, as
                   the sampler does whenever half a millisecond is left before a tick
                   (always, at the rates stop mode reaches)
   stop_unprimed_ms  the same with `stop` sent whole
-  analysis_ms     what is left of the analysis of one tick after capture (symbols,
-                  torn-stack checks; the unwind is done while capturing, to find the
-                  memory it needs), which the recorder does between ticks
+  analysis_ms     what is left of one tick after the VM runs again (the unwind of the
+                  stacks copied while it was paused, symbols, torn-stack checks), which
+                  the recorder does between ticks
   nonblocking_ms  qmpprof --nonblocking: registers and stack while the VM runs, unwind
   nonblocking_primed_ms  the same when QEMU has had time to read the request ahead, as
                   the sampler lets it between ticks at rates with time to spare
@@ -46,7 +46,7 @@ from bench.common import REGISTERS, booted_with_ram_file, floor_tick, median, sa
 from qmpprof.analysis import Analyzer
 from qmpprof.model import CapturedSample, RecordStats, Sample
 from qmpprof.record.capture import Capturer
-from qmpprof.record.sampler import paused_capture, running_capture
+from qmpprof.record.sampler import paused_take, running_capture
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.registers import parse_all
 from tests.guest_vm import BareQmp, Guest
@@ -74,11 +74,20 @@ HAVE_QEMU_QMP = importlib.util.find_spec("qemu") is not None and (
 )
 
 
-def floor_ms(socket: str, count: int, mode: str) -> list[float]:
-    """The floor's ticks (bench.common.floor_tick) over the QMP socket at `socket`."""
+def floor_ms(socket: str, count: int, mode: str, pauses: list[float] | None = None) -> list[float]:
+    """The floor's ticks (bench.common.floor_tick) over the QMP socket at `socket`; each
+    stop-mode tick's pause by QEMU's clock (STOP to RESUME) appended to `pauses`."""
     qmp = BareQmp(socket)
+
+    def tick() -> None:
+        qmp.run_events.clear()
+        floor_tick(qmp, mode)
+        stamps = dict(qmp.run_events)
+        if pauses is not None and {"STOP", "RESUME"} <= stamps.keys():
+            pauses.append(stamps["RESUME"] - stamps["STOP"])
+
     try:
-        return timed(count, lambda: floor_tick(qmp, mode))
+        return timed(count, tick)
     finally:
         qmp.close()
 
@@ -123,17 +132,27 @@ async def ticks_ms(
     count: int,
     mode: str,
     kept: list[tuple[CapturedSample, Sample]] | None = None,
+    pauses: list[float] | None = None,
 ) -> tuple[list[float], list[float]]:
     """`count` ticks of `mode` over an open connection: (sampling-path times, analysis
-    times), each sample captured and analysed also appended to `kept` if given."""
+    times), each sample captured and analysed also appended to `kept` if given, each
+    stop-mode tick's pause by QEMU's clock to `pauses`. In stop mode the path ends when
+    the VM runs again: the copied stacks unwound after that are analysis."""
     analysis: list[float] = []
 
     async def once() -> None:
-        capture = paused_capture if mode.startswith("stop") else running_capture
-        captured = await capture(session, capturer, RecordStats()) or []
-        started = time.perf_counter()
+        stats = RecordStats()
+        if mode.startswith("stop"):
+            taken = await paused_take(session, capturer, stats)
+            started = time.perf_counter()
+            captured = await capturer.finish(taken) if taken is not None else []
+        else:
+            captured = await running_capture(session, capturer, stats) or []
+            started = time.perf_counter()
         samples = [analyzer.symbolize(one) for one in captured]
         analysis.append(time.perf_counter() - started)
+        if pauses is not None and stats.paused_s:
+            pauses.append(stats.paused_s)
         if kept is not None:
             kept.extend(zip(captured, samples, strict=True))
 

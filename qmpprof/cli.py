@@ -299,6 +299,13 @@ def _add_nonblocking_argument(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="never pause the VM: read registers and memory while it runs (stacks may tear)",
     )
+    parser.add_argument(
+        "--unwind-paused",
+        action="store_true",
+        help="unwind while the VM is paused, reading memory as the unwind asks, instead of "
+        "unwinding a copy of each stack (--stack-bytes) once it runs again: exact at any "
+        "depth, a longer pause (guest RAM read on this host only)",
+    )
 
 
 def _add_top_arguments(parser: argparse.ArgumentParser) -> None:
@@ -340,6 +347,7 @@ def _target_options(args: argparse.Namespace) -> TargetOptions:
         max_depth=args.max_depth,
         unwind=Strategy(args.unwind),
         cpus=getattr(args, "cpus", ()),
+        unwind_paused=getattr(args, "unwind_paused", False),
     )
 
 

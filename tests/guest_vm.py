@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOT = ROOT / "examples" / "guest" / "boot.sh"
@@ -55,6 +56,8 @@ class BareQmp:
         self._sock.connect(path)
         self._stream = self._sock.makefile("rw")
         self._stream.readline()
+        #: QEMU's timestamps (seconds) of the STOP and RESUME events read so far.
+        self.run_events: list[tuple[str, float]] = []
         # A reply to the command a closed connection had running reaches the next one:
         # skip every reply before the one to this id (as qmpprof's client does).
         self.call("qmp_capabilities", id=f"bare-{id(self)}")
@@ -74,7 +77,10 @@ class BareQmp:
             line = self._stream.readline()
             if not line:
                 raise ConnectionError("QMP connection closed")
-            reply: dict[str, object] = json.loads(line)
+            reply: dict[str, Any] = json.loads(line)
+            if reply.get("event") in ("STOP", "RESUME"):
+                stamp = reply["timestamp"]["seconds"] + reply["timestamp"]["microseconds"] / 1e6
+                self.run_events.append((reply["event"], stamp))
             if "event" not in reply and (id is None or reply.get("id") == id):
                 return reply.get("return", reply)
 

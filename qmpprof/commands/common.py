@@ -38,6 +38,8 @@ class TargetOptions:
     max_depth: int = DEFAULT_MAX_DEPTH
     unwind: Strategy = Strategy.AUTO
     cpus: tuple[int, ...] = field(default=())
+    #: Unwind while the VM is paused even where its RAM is read on this host.
+    unwind_paused: bool = False
 
 
 def build_analyzer(options: TargetOptions) -> Analyzer:

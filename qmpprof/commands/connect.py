@@ -36,7 +36,7 @@ async def connected(
         await claim(session, notice)
         await check_cpus(session, options.cpus)
         memory = await open_memory(session, options.memory, options.mem_path)
-        config = CaptureConfig(stack_bytes=options.stack_bytes, cpus=options.cpus)
+        config = CaptureConfig(options.stack_bytes, options.cpus, options.unwind_paused)
         try:
             placed = await kernel_slide_of(session, memory, analyzer)
             modules = None

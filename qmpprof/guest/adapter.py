@@ -37,6 +37,12 @@ class OsAdapter(Protocol):
         for a kernel thread, or when the OS keeps no such record. Raises MemoryFault."""
         ...
 
+    def kernel_stack(self, registers: RegisterSet, memory: MemoryReader) -> tuple[int, int] | None:
+        """The running task's kernel stack, (start, size), when the OS keeps one per task
+        and an unwind may leave the stack RSP is on for it (an interrupt stack's); None
+        when it does not or cannot tell. Raises MemoryFault."""
+        ...
+
 
 class GenericAdapter:
     """Knows no OS: samples are labelled by address space (CR3) only."""
@@ -50,6 +56,9 @@ class GenericAdapter:
         pass
 
     def user_registers(self, registers: RegisterSet, memory: MemoryReader) -> UserRegisters:
+        return None
+
+    def kernel_stack(self, registers: RegisterSet, memory: MemoryReader) -> tuple[int, int] | None:
         return None
 
 

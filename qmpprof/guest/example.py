@@ -58,3 +58,7 @@ class ExampleGuestAdapter:
     def user_registers(self, registers: RegisterSet, memory: MemoryReader) -> UserRegisters:
         """The example guest's kernel saves no user registers where this could find them."""
         return None
+
+    def kernel_stack(self, registers: RegisterSet, memory: MemoryReader) -> tuple[int, int] | None:
+        """One stack per CPU, the one RSP is on: nothing to add."""
+        return None

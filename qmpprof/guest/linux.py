@@ -53,6 +53,10 @@ _CPU_MASK = 0xFFF
 _USER_SEGMENT = 0xF0
 #: sizeof(struct pt_regs) on x86-64, and where it keeps CS (the privilege level's home).
 PT_REGS_SIZE = 21 * 8
+#: THREAD_SIZE, a task's kernel stack on x86-64 (16 KiB, 32 KiB only with KASAN), its
+#: top the per-CPU top of stack: where an interrupt's unwind goes when it leaves the IRQ
+#: stack, and where the entry from user space saved the user's registers.
+THREAD_SIZE = 16 * 1024
 _PT_CS = PT_REGS[RIP] + 8
 _I32 = struct.Struct("<i")
 _U32 = struct.Struct("<I")
@@ -168,11 +172,9 @@ class LinuxAdapter:
         """The `struct pt_regs` at the top of the running task's kernel stack, where every
         entry from user space (system call, interrupt, exception) saves the user's
         registers; None when they are not a user's (a kernel thread, the idle task)."""
-        if self.top_of_stack is None or self.per_cpu_offsets is None:
+        top = self._stack_top(registers, memory)
+        if top is None:
             return None
-        if not 0 <= registers.vcpu < MAX_CPUS:
-            return None
-        top = memory.read_u64((self._cpu_area(registers, memory) + self.top_of_stack) % (1 << 64))
         saved = memory.read((top - PT_REGS_SIZE) % (1 << 64), PT_REGS_SIZE)
         if int.from_bytes(saved[_PT_CS : _PT_CS + 8], "little") & 3 != 3:
             return None
@@ -180,6 +182,22 @@ class LinuxAdapter:
         for number, offset in PT_REGS.items():
             values[number] = int.from_bytes(saved[offset : offset + 8], "little")
         return values
+
+    def kernel_stack(self, registers: RegisterSet, memory: MemoryReader) -> tuple[int, int] | None:
+        """The running task's kernel stack, (start, size); None when the kernel gave no
+        way to tell. Raises MemoryFault."""
+        top = self._stack_top(registers, memory)
+        return None if top is None else ((top - THREAD_SIZE) % (1 << 64), THREAD_SIZE)
+
+    def _stack_top(self, registers: RegisterSet, memory: MemoryReader) -> int | None:
+        if self.top_of_stack is None or self.per_cpu_offsets is None:
+            return None
+        if not 0 <= registers.vcpu < MAX_CPUS:
+            return None
+        top: int = memory.read_u64(
+            (self._cpu_area(registers, memory) + self.top_of_stack) % (1 << 64)
+        )
+        return top
 
 
 def _top_of_stack(facts: KernelFacts, pcpu_hot: Mapping[str, Member]) -> int | None:

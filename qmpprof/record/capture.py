@@ -14,8 +14,10 @@ process travel on with the sample.
 
 from __future__ import annotations
 
+import contextlib
+import struct
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
 from qmpprof.analysis import Analyzer
@@ -38,6 +40,7 @@ from qmpprof.target.direct import DirectMemory
 from qmpprof.target.memory import MemoryBackend
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.registers import parse_all
+from qmpprof.unwind.rules import RSP
 
 #: Also read this much below RSP: CFI may restore a register from a slot the leaf
 #: has already popped (GCC keeps the save rule until the `ret`), and GDB reads it.
@@ -51,6 +54,8 @@ MAX_EXTRA_WINDOWS = 8
 MAX_LIVE_FETCHES = 16
 #: Addresses remembered per vCPU and read ahead of its next sample.
 MAX_PREFETCHED = 6
+#: The frame an interrupt or exception from ring 3 pushes: RIP, CS, RFLAGS, RSP, SS.
+_INTERRUPT_FRAME = struct.Struct("<5Q")
 #: The HMP command that gives every vCPU's registers.
 REGISTERS = "info registers -a"
 
@@ -62,6 +67,12 @@ class CaptureConfig:
     stack_bytes: int = DEFAULT_STACK_BYTES
     #: vCPU indexes to sample; empty means all.
     cpus: Collection[int] = ()
+    #: Unwind with the VM paused even where guest RAM is read on this host (`take`).
+    unwind_paused: bool = False
+
+
+#: What `Capturer.take` holds for `finish`: samples done, or copies still to examine.
+Taken = Sequence[CapturedSample | RawSample]
 
 
 class Capturer:
@@ -105,17 +116,43 @@ class Capturer:
         cannot be read yields a sample whose RawSample has `error` set instead.
         """
         now = time.time()
+        samples = [await self._one(regs, now) for regs in await self._registers(first, then)]
+        return await self.finish(samples)
+
+    async def take(self, first: str | None = None, then: str | None = None) -> Taken:
+        """The part of `capture` that needs the VM paused, for a caller that resumes it
+        before `finish` does the rest.
+
+        Where guest RAM is read on this host (unless `unwind_paused`), that is a copy of
+        the memory the unwind will read, as perf copies a stack: the stack from RSP up
+        (`stack_bytes`), what the OS adapter reads to name the task, the task's kernel
+        stack and the user stack its saved user registers point to. `finish` unwinds
+        the copy; an unwind that goes past it (a stack deeper than `stack_bytes`) ends
+        there. Otherwise the whole capture is done now."""
+        if not isinstance(self._memory, DirectMemory) or self._config.unwind_paused:
+            now = time.time()
+            return [await self._one(regs, now) for regs in await self._registers(first, then)]
+        now = time.time()
+        return [await self._copied(regs, now) for regs in await self._registers(first, then)]
+
+    async def finish(self, taken: Taken) -> list[CapturedSample]:
+        """The samples of a tick `take` began: copies examined (the VM may run again)."""
+        samples = [
+            item if isinstance(item, CapturedSample) else await self._examined_copy(item)
+            for item in taken
+        ]
+        if self._modules is not None:
+            await self._modules.check(samples)
+        return samples
+
+    async def _registers(self, first: str | None, then: str | None) -> list[RegisterSet]:
+        """The selected vCPUs' registers, `first` run just before; memory reads set up."""
         registers = parse_all(await self._session.hmp(REGISTERS, first=first))
         if then is not None and not self._memory.through_monitor:
             self._session.prime(then)
         self._memory.set_registers(registers)
         cpus = self._config.cpus
-        samples = [
-            await self._one(regs, now) for regs in registers if not cpus or regs.vcpu in cpus
-        ]
-        if self._modules is not None:
-            await self._modules.check(samples)
-        return samples
+        return [regs for regs in registers if not cpus or regs.vcpu in cpus]
 
     def prime(self) -> None:
         """Have QEMU read the next capture's register request already (QmpSession.prime):
@@ -136,12 +173,58 @@ class Capturer:
             return await self._complete(raw)
         guess = self._last_maps.get(regs.cr3 & ~0xFFF) if self.maps else None
         raw = RawSample(now, regs, (window,), user_module, file_maps=guess)
-        return await self._with_process_maps(await self._complete(raw))
+        return await self._with_process_maps(await self._complete(raw), self._complete)
 
-    async def _with_process_maps(self, sample: CapturedSample) -> CapturedSample:
+    async def _copied(self, regs: RegisterSet, now: float) -> CapturedSample | RawSample:
+        """`take`'s copy of one vCPU's memory (see there), read while the VM is paused."""
+        if regs.bits != 64:
+            return await self._one(regs, now)
+        assert isinstance(self._memory, DirectMemory)
+        user_module = await self._identifier.identify(regs)
+        window = await self._stack_window(regs)
+        fetch = window_fetch(self._memory.reader(regs.vcpu).read_prefix)
+        copy = FetchingMemory([window] if window else [], fetch, MAX_LIVE_FETCHES)
+        self._copy_task_memory(regs, copy)
+        if window is not None and regs.cpl == 0 and len(window.data) < self._config.stack_bytes:
+            self._copy_user_stack(_user_rsp_at_top(window), copy)  # the stack's top came first
+        error = None if window else f"stack unreadable at rsp={regs.rsp:#x}"
+        guess = self._last_maps.get(regs.cr3 & ~0xFFF) if self.maps else None
+        return RawSample(now, regs, tuple(copy.windows), user_module, error, guess)
+
+    def _copy_task_memory(self, regs: RegisterSet, copy: FetchingMemory) -> None:
+        """Read into `copy` what the examination of `regs` will read beyond RSP's stack."""
+        adapter = self._analyzer.adapter
+        with contextlib.suppress(MemoryFault):
+            adapter.process(regs, copy)
+        if regs.cpl != 0:
+            return  # a user stack: RSP's window is all of it
+        with contextlib.suppress(MemoryFault):
+            stack = adapter.kernel_stack(regs, copy)
+            if stack is not None and not stack[0] <= regs.rsp < stack[0] + stack[1]:
+                copy.read(*stack)  # an interrupt stack's unwind goes on there
+        with contextlib.suppress(MemoryFault):
+            user = adapter.user_registers(regs, copy)
+            self._copy_user_stack(user[RSP] if user is not None else None, copy)
+
+    def _copy_user_stack(self, user_rsp: int | None, copy: FetchingMemory) -> None:
+        if user_rsp is not None and user_rsp < KERNEL_HALF:
+            with contextlib.suppress(MemoryFault):
+                copy.read(user_rsp, self._config.stack_bytes)
+
+    async def _examined_copy(self, raw: RawSample) -> CapturedSample:
+        """A sample `take` copied, examined with that copy alone."""
+        sample = await self._examined_windows(raw)
+        return await self._with_process_maps(sample, self._examined_windows)
+
+    async def _examined_windows(self, raw: RawSample) -> CapturedSample:
+        return self._analyzer.examine(raw).sample
+
+    async def _with_process_maps(
+        self, sample: CapturedSample, complete: Callable[[RawSample], Awaitable[CapturedSample]]
+    ) -> CapturedSample:
         """`sample` with its process's file mappings: examined with those its address
-        space had last (the same, nearly always), again if the maps read now differ or
-        files with no host copy were just read from the guest."""
+        space had last (the same, nearly always), again (`complete`) if the maps read now
+        differ or files with no host copy were just read from the guest."""
         raw, process = sample.raw, sample.process
         if self.maps is None or process is None or process.pid is None:
             return sample  # no Linux maps, or a kernel thread or idle task: no user part
@@ -161,7 +244,7 @@ class Capturer:
             return sample
         if found:  # () is a task mid context switch: no guess for the next sample
             self._last_maps[raw.address_space] = found
-        return await self._complete(replace(raw, file_maps=found))
+        return await complete(replace(raw, file_maps=found))
 
     def _adapter_task(self, raw: RawSample) -> int | None:
         adapter = self._analyzer.adapter
@@ -239,6 +322,17 @@ class Capturer:
             if base + len(data) > address:
                 return MemoryWindow(base, data)
         return None
+
+
+def _user_rsp_at_top(window: MemoryWindow) -> int | None:
+    """The user RSP an entry from ring 3 left at the top of the kernel stack `window`
+    ends at: the CPU pushes SS, RSP, RFLAGS, CS and RIP there (the end of Linux's
+    pt_regs). The OS's own record of the stack top may already name the next task's
+    stack while a context switch is under way; the stack RSP is on says what it holds."""
+    if window.end % PAGE_SIZE or len(window.data) < _INTERRUPT_FRAME.size:
+        return None
+    rip, cs, _, rsp, _ = _INTERRUPT_FRAME.unpack_from(window.data, len(window.data) - 40)
+    return rsp if cs & 3 == 3 and rip < KERNEL_HALF else None
 
 
 def window_fetch(read_prefix: Callable[[int, int], bytes]) -> WindowFetch:

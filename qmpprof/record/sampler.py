@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from qmpprof.errors import MonitorStuck, ResumeFailed, TargetGone, TickOverrun
 from qmpprof.model import CapturedSample, Ending, EndReason, RecordStats
-from qmpprof.record.capture import Capturer
+from qmpprof.record.capture import Capturer, Taken
 from qmpprof.record.schedule import Schedule
 from qmpprof.target.pause import PauseHold
 from qmpprof.target.qmp import QmpSession
@@ -141,18 +141,31 @@ async def paused_capture(
     budget_s: float | None = TICK_BUDGET_S,
 ) -> list[CapturedSample] | None:
     """The tick's samples taken with the VM paused; None when someone else holds it
-    paused (the user, GDB, another QMP client), which we leave as it is.
+    paused (the user, GDB, another QMP client), which we leave as it is. Where guest RAM
+    is read on this host, the copied stacks are unwound after the VM runs again
+    (Capturer.take). Raises TickOverrun after `budget_s`, the VM resumed."""
+    taken = await paused_take(session, capturer, stats, budget_s)
+    return None if taken is None else await capturer.finish(taken)
+
+
+async def paused_take(
+    session: QmpSession,
+    capturer: Capturer,
+    stats: RecordStats,
+    budget_s: float | None = TICK_BUDGET_S,
+) -> Taken | None:
+    """`paused_capture`'s part with the VM paused, up to its resuming.
 
     `stop` goes out with the register request (one round trip) and `cont` is primed
     while the memory is read; the VM is resumed on every way out, if our `stop` paused
-    it (target.pause). Raises TickOverrun after `budget_s`, the VM resumed."""
+    it (target.pause)."""
     if not await session.is_running():
         stats.skipped_paused += 1
         return None
     started = time.monotonic()
     session.take_last_pause()  # forget pauses before this tick (someone else's)
     async with PauseHold(session, budget_s) as hold:
-        samples = await capturer.capture(first="stop", then="cont")
+        taken = await capturer.take(first="stop", then="cont")
         if not hold.ours():  # another client paused it first: a paused VM's stacks
             stats.skipped_paused += 1
             return None
@@ -160,7 +173,7 @@ async def paused_capture(
     # round trips around them are not pause. Without the events, the tick is an upper bound.
     pause = session.take_last_pause()
     stats.paused_s += pause if pause is not None else time.monotonic() - started
-    return samples
+    return taken
 
 
 async def running_capture(
