@@ -184,27 +184,36 @@ class Capturer:
         window = await self._stack_window(regs)
         fetch = window_fetch(self._memory.reader(regs.vcpu).read_prefix)
         copy = FetchingMemory([window] if window else [], fetch, MAX_LIVE_FETCHES)
-        self._copy_task_memory(regs, copy)
+        if not self._copy_task_memory(regs, copy):
+            return await self._one(regs, now)  # stacks the OS adapter cannot name: unwind now
         if window is not None and regs.cpl == 0 and len(window.data) < self._config.stack_bytes:
             self._copy_user_stack(_user_rsp_at_top(window), copy)  # the stack's top came first
         error = None if window else f"stack unreadable at rsp={regs.rsp:#x}"
         guess = self._last_maps.get(regs.cr3 & ~0xFFF) if self.maps else None
         return RawSample(now, regs, tuple(copy.windows), user_module, error, guess)
 
-    def _copy_task_memory(self, regs: RegisterSet, copy: FetchingMemory) -> None:
-        """Read into `copy` what the examination of `regs` will read beyond RSP's stack."""
+    def _copy_task_memory(self, regs: RegisterSet, copy: FetchingMemory) -> bool:
+        """Read into `copy` what the examination of `regs` will read beyond RSP's stack;
+        False for a kernel sample whose stacks the OS adapter does not describe (where a
+        kernel keeps the user's RSP is its own business: the unwind must run paused)."""
         adapter = self._analyzer.adapter
         with contextlib.suppress(MemoryFault):
             adapter.process(regs, copy)
         if regs.cpl != 0:
-            return  # a user stack: RSP's window is all of it
-        with contextlib.suppress(MemoryFault):
+            return True  # a user stack: RSP's window is all of it
+        try:
             stack = adapter.kernel_stack(regs, copy)
-            if stack is not None and not stack[0] <= regs.rsp < stack[0] + stack[1]:
+        except MemoryFault:
+            return False
+        if stack is None:
+            return False
+        with contextlib.suppress(MemoryFault):
+            if not stack[0] <= regs.rsp < stack[0] + stack[1]:
                 copy.read(*stack)  # an interrupt stack's unwind goes on there
         with contextlib.suppress(MemoryFault):
             user = adapter.user_registers(regs, copy)
             self._copy_user_stack(user[RSP] if user is not None else None, copy)
+        return True
 
     def _copy_user_stack(self, user_rsp: int | None, copy: FetchingMemory) -> None:
         if user_rsp is not None and user_rsp < KERNEL_HALF:
