@@ -95,6 +95,9 @@ class RegisterSet:
     #: GDT's base (0 when the dump did not give them: an older capture).
     gs_base: int = 0
     gdt_base: int = 0
+    #: The task-state segment's base: its RSP0 is the stack an interrupt from ring 3
+    #: is pushed on (0 when the dump did not give it).
+    tr_base: int = 0
 
     @property
     def rip(self) -> int:

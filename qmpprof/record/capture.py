@@ -56,6 +56,8 @@ MAX_LIVE_FETCHES = 16
 MAX_PREFETCHED = 6
 #: The frame an interrupt or exception from ring 3 pushes: RIP, CS, RFLAGS, RSP, SS.
 _INTERRUPT_FRAME = struct.Struct("<5Q")
+#: Where the 64-bit task-state segment keeps RSP0 (after a reserved 32-bit field).
+_TSS_RSP0 = 4
 #: The HMP command that gives every vCPU's registers.
 REGISTERS = "info registers -a"
 
@@ -129,16 +131,17 @@ class Capturer:
         stack and the user stack its saved user registers point to. `finish` unwinds
         the copy; an unwind that goes past it (a stack deeper than `stack_bytes`) ends
         there. Otherwise the whole capture is done now."""
-        if not isinstance(self._memory, DirectMemory) or self._config.unwind_paused:
-            now = time.time()
-            return [await self._one(regs, now) for regs in await self._registers(first, then)]
+        copying = isinstance(self._memory, DirectMemory) and not self._config.unwind_paused
+        each = self._copied if copying else self._one
         now = time.time()
-        return [await self._copied(regs, now) for regs in await self._registers(first, then)]
+        return [await each(regs, now) for regs in await self._registers(first, then)]
 
     async def finish(self, taken: Taken) -> list[CapturedSample]:
         """The samples of a tick `take` began: copies examined (the VM may run again)."""
         samples = [
-            item if isinstance(item, CapturedSample) else await self._examined_copy(item)
+            item
+            if isinstance(item, CapturedSample)
+            else await self._examined(item, self._examined_windows)
             for item in taken
         ]
         if self._modules is not None:
@@ -170,10 +173,21 @@ class Capturer:
             # register while it switches page tables (PTI).
             error = f"stack unreadable at rsp={regs.rsp:#x}"
             raw = RawSample(now, regs, user_module=user_module, error=error)
-            return await self._complete(raw)
-        guess = self._last_maps.get(regs.cr3 & ~0xFFF) if self.maps else None
-        raw = RawSample(now, regs, (window,), user_module, file_maps=guess)
-        return await self._with_process_maps(await self._complete(raw), self._complete)
+        else:
+            raw = RawSample(now, regs, (window,), user_module, file_maps=self._maps_guess(regs))
+        return await self._examined(raw, self._complete)
+
+    async def _examined(
+        self, raw: RawSample, complete: Callable[[RawSample], Awaitable[CapturedSample]]
+    ) -> CapturedSample:
+        """`raw` examined by `complete`, with its process's file mappings when it has a
+        stack (_with_process_maps)."""
+        sample = await complete(raw)
+        return sample if raw.error is not None else await self._with_process_maps(sample, complete)
+
+    def _maps_guess(self, regs: RegisterSet) -> tuple[FileMapping, ...] | None:
+        """The file mappings this address space's last sample ran with."""
+        return self._last_maps.get(regs.cr3 & ~0xFFF) if self.maps else None
 
     async def _copied(self, regs: RegisterSet, now: float) -> CapturedSample | RawSample:
         """`take`'s copy of one vCPU's memory (see there), read while the VM is paused."""
@@ -184,18 +198,18 @@ class Capturer:
         window = await self._stack_window(regs)
         fetch = window_fetch(self._memory.reader(regs.vcpu).read_prefix)
         copy = FetchingMemory([window] if window else [], fetch, MAX_LIVE_FETCHES)
-        if not self._copy_task_memory(regs, copy):
-            return await self._one(regs, now)  # stacks the OS adapter cannot name: unwind now
-        if window is not None and regs.cpl == 0 and len(window.data) < self._config.stack_bytes:
-            self._copy_user_stack(_user_rsp_at_top(window), copy)  # the stack's top came first
+        copied = self._copy_task_memory(regs, window, copy)
         error = None if window else f"stack unreadable at rsp={regs.rsp:#x}"
-        guess = self._last_maps.get(regs.cr3 & ~0xFFF) if self.maps else None
-        return RawSample(now, regs, tuple(copy.windows), user_module, error, guess)
+        raw = RawSample(now, regs, tuple(copy.windows), user_module, error, self._maps_guess(regs))
+        # Stacks the OS adapter cannot name: unwind now, from what was read so far.
+        return raw if copied else await self._examined(raw, self._complete)
 
-    def _copy_task_memory(self, regs: RegisterSet, copy: FetchingMemory) -> bool:
-        """Read into `copy` what the examination of `regs` will read beyond RSP's stack;
-        False for a kernel sample whose stacks the OS adapter does not describe (where a
-        kernel keeps the user's RSP is its own business: the unwind must run paused)."""
+    def _copy_task_memory(
+        self, regs: RegisterSet, window: MemoryWindow | None, copy: FetchingMemory
+    ) -> bool:
+        """Read into `copy` what the examination of `regs` will read beyond RSP's stack
+        (`window`); False for a kernel sample whose stacks the OS adapter does not
+        describe (where a kernel keeps the user's RSP is its own business)."""
         adapter = self._analyzer.adapter
         with contextlib.suppress(MemoryFault):
             adapter.process(regs, copy)
@@ -207,23 +221,22 @@ class Capturer:
             return False
         if stack is None:
             return False
-        with contextlib.suppress(MemoryFault):
-            if not stack[0] <= regs.rsp < stack[0] + stack[1]:
+        user_rsps = set()
+        if not stack[0] <= regs.rsp < stack[0] + stack[1]:
+            with contextlib.suppress(MemoryFault):
                 copy.read(*stack)  # an interrupt stack's unwind goes on there
+            with contextlib.suppress(MemoryFault):
+                user_rsps.add(_user_rsp_at_rsp0(regs, copy))  # maybe still on the entry stack
+        if window is not None and len(window.data) < self._config.stack_bytes:
+            user_rsps.add(_user_rsp_at_top(window))  # RSP's stack ended: its top came first
         with contextlib.suppress(MemoryFault):
             user = adapter.user_registers(regs, copy)
-            self._copy_user_stack(user[RSP] if user is not None else None, copy)
+            user_rsps.add(user[RSP] if user is not None else None)
+        for user_rsp in user_rsps:
+            if user_rsp is not None and user_rsp < KERNEL_HALF:
+                with contextlib.suppress(MemoryFault):
+                    copy.read(user_rsp, self._config.stack_bytes)
         return True
-
-    def _copy_user_stack(self, user_rsp: int | None, copy: FetchingMemory) -> None:
-        if user_rsp is not None and user_rsp < KERNEL_HALF:
-            with contextlib.suppress(MemoryFault):
-                copy.read(user_rsp, self._config.stack_bytes)
-
-    async def _examined_copy(self, raw: RawSample) -> CapturedSample:
-        """A sample `take` copied, examined with that copy alone."""
-        sample = await self._examined_windows(raw)
-        return await self._with_process_maps(sample, self._examined_windows)
 
     async def _examined_windows(self, raw: RawSample) -> CapturedSample:
         return self._analyzer.examine(raw).sample
@@ -340,7 +353,24 @@ def _user_rsp_at_top(window: MemoryWindow) -> int | None:
     stack while a context switch is under way; the stack RSP is on says what it holds."""
     if window.end % PAGE_SIZE or len(window.data) < _INTERRUPT_FRAME.size:
         return None
-    rip, cs, _, rsp, _ = _INTERRUPT_FRAME.unpack_from(window.data, len(window.data) - 40)
+    return _user_rsp_of_frame(window.data[-_INTERRUPT_FRAME.size :])
+
+
+def _user_rsp_at_rsp0(regs: RegisterSet, memory: FetchingMemory) -> int | None:
+    """The user RSP of the frame an interrupt from ring 3 pushed where the CPU found its
+    stack: the task-state segment's RSP0, aligned to 16 bytes. Linux points RSP0 at a
+    small per-CPU entry stack, saves the frame on the task's stack from there, and only
+    then does the task's record of user registers hold this entry's and not the last
+    one's. Raises MemoryFault."""
+    if not regs.tr_base:
+        return None
+    rsp0 = memory.read_u64(regs.tr_base + _TSS_RSP0) & ~0xF
+    return _user_rsp_of_frame(memory.read(rsp0 - _INTERRUPT_FRAME.size, _INTERRUPT_FRAME.size))
+
+
+def _user_rsp_of_frame(frame: bytes) -> int | None:
+    """The RSP of a hardware interrupt frame (RIP, CS, RFLAGS, RSP, SS) taken in ring 3."""
+    rip, cs, _, rsp, _ = _INTERRUPT_FRAME.unpack(frame)
     return rsp if cs & 3 == 3 and rip < KERNEL_HALF else None
 
 

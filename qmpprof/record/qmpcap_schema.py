@@ -105,6 +105,7 @@ def _sample_record(sample: CapturedSample) -> dict[str, Any]:
             "efer": regs.efer,
             "gs_base": regs.gs_base,
             "gdt_base": regs.gdt_base,
+            "tr_base": regs.tr_base,
         },
         "user_module": raw.user_module,
         "error": raw.error,
@@ -230,6 +231,7 @@ def _registers(regs: dict[str, Any]) -> RegisterSet:
         efer=fields.get("efer", _u64, 0),
         gs_base=fields.get("gs_base", _u64, 0),
         gdt_base=fields.get("gdt_base", _u64, 0),
+        tr_base=fields.get("tr_base", _u64, 0),
     )
 
 

@@ -36,9 +36,10 @@ _LONG_MODE = _layout((*_LONG_GENERAL, *(f"R{n}" for n in range(8, 16)), "RIP"), 
 _LEGACY_MODE = _layout(("EAX", "EBX", "ECX", "EDX", "ESI", "EDI", "EBP", "ESP", "EIP"), "EFL")
 _CONTROL = re.compile(rf"CR0=(?P<CR0>{_HEX}) CR2={_HEX} CR3=(?P<CR3>{_HEX}) CR4=(?P<CR4>{_HEX})")
 _EFER = re.compile(rf"EFER=(?P<EFER>{_HEX})")
-#: "GS =<selector> <base> <limit> <flags>" and "GDT=     <base> <limit>".
+#: "GS =<selector> <base> <limit> <flags>" (TR's alike) and "GDT=     <base> <limit>".
 _GS_BASE = re.compile(rf"GS =[0-9a-f]{{4}} ({_HEX}) ")
 _GDT_BASE = re.compile(rf"GDT= {{0,8}}+({_HEX}) ")
+_TR_BASE = re.compile(rf"TR =[0-9a-f]{{4}} ({_HEX}) ")
 
 _GENERAL = {
     "RAX": "rax",
@@ -104,6 +105,7 @@ def parse_one(text: str, vcpu: int) -> RegisterSet:
         efer=_hex(values, "EFER"),
         gs_base=_base(_GS_BASE, text, "\nGS ="),
         gdt_base=_base(_GDT_BASE, text, "\nGDT="),
+        tr_base=_base(_TR_BASE, text, "\nTR ="),
     )
 
 

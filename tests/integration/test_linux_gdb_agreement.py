@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from itertools import takewhile
 from pathlib import Path
 
 import pytest
@@ -301,8 +302,11 @@ def without_hidden_inline_leaf(ours: Frames, observed: Observed) -> Frames:
     gdb = observed.kernel or observed.user
     if not gdb:
         return ours
-    at_leaf = [name for address, name in ours if address == gdb[0].address]
-    gdb_at_leaf = [f.function for f in gdb if f.address == gdb[0].address]
+    leaf = gdb[0].address
+    # The leaf's frames only: an interrupt handler may stop at the pc it interrupted
+    # (read_hpet in a timer interrupt that came at read_hpet's pc), listed again deeper.
+    at_leaf = [name for address, name in takewhile(lambda f: f[0] == leaf, ours)]
+    gdb_at_leaf = [f.function for f in takewhile(lambda f: f.address == leaf, gdb)]
     hidden = len(at_leaf) - len(gdb_at_leaf)
     if hidden <= 0 or at_leaf[hidden:] != gdb_at_leaf:
         return ours

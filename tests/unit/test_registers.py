@@ -1,5 +1,6 @@
 """`info registers -a` text saved from a real QEMU 7.2, parsed in every CPU mode."""
 
+import json
 import re
 from pathlib import Path
 
@@ -173,3 +174,14 @@ def test_the_bound_check_sees_an_unbounded_repetition() -> None:
 def test_a_megabyte_of_unexpected_text_is_refused_in_one_pass(body: str) -> None:
     with pytest.raises(RegisterParseError):
         parse_all("CPU#0\n" + body)
+
+
+def test_the_task_state_segments_base_is_read_from_a_linux_dump() -> None:
+    """Linux 6.1 (tests/unit/data/linux/tasks.json) gives each CPU a TSS of its own in its
+    cpu_entry_area: the base is the second field of each block's TR line."""
+    text = json.loads((DATA / "linux" / "tasks.json").read_text())["registers"]
+    tr_lines = [line.split() for line in text.splitlines() if line.startswith("TR =")]
+    cpus = parse_all(text)
+    assert [cpu.tr_base for cpu in cpus] == [int(fields[2], 16) for fields in tr_lines]
+    assert len({cpu.tr_base for cpu in cpus}) == len(cpus) > 1
+    assert all(cpu.tr_base >= 0xFFFF_FE00_0000_0000 for cpu in cpus)
