@@ -22,10 +22,12 @@ sample_cost.py does on the example guest:
                (analysis included), median of the rounds: on a loaded host the wall
                times follow QEMU's scheduling, this follows only our own work
   connect_cpu_ms  the CPU time of opening the connection as `record` does (once a run)
-and, over every captured sample, the memory windows read per sample and the share of
-kernel-mode samples whose stack reaches a user-space frame. --profile N prints the N
-functions of the stop path that take the most time (cProfile, one extra round, not
-counted in the medians). The last line is one JSON object.
+the least and greatest stop/floor ratio of the tick and of the pause over the rounds
+(each round's medians: how far the host's noise moves the ratio), and, over every
+captured sample, the memory windows read per sample and the share of kernel-mode
+samples whose stack reaches a user-space frame. --profile N prints the N functions of
+the stop path that take the most time (cProfile, one extra round, not counted in the
+medians). The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -93,11 +95,26 @@ async def stop_ms(
         return StopRound(path, analysis, pauses, cpu, connect_cpu)
 
 
-def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], Kept, str]:
+class Measured(NamedTuple):
+    """Every round's times by name (seconds), each round's stop/floor ratios of the
+    tick and of the pause, the samples, the kernel's ABI."""
+
+    times: dict[str, list[float]]
+    round_ratios: dict[str, list[float]]
+    kept: Kept
+    abi: str
+
+
+def round_ratio(stop: list[float], floor: list[float]) -> float:
+    return median(stop) / median(floor) if stop and floor else float("nan")
+
+
+def measure(args: argparse.Namespace) -> Measured:
     """The floor's and the stop path's times, taking turns; the samples; the ABI."""
     names = ["floor", "stop", "analysis", "paused_stop", "floor_pause", "stop_pause"]
     names += ["paused_stop_pause", "floor_cpu", "stop_cpu", "paused_stop_cpu", "connect_cpu"]
     times: dict[str, list[float]] = {name: [] for name in names}
+    round_ratios: dict[str, list[float]] = {"tick": [], "pause": []}
     kept: Kept = []
     with (
         tempfile.TemporaryDirectory(prefix="qmpprof-bench-") as directory,
@@ -113,9 +130,14 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], Kept, str
         paused = replace(options, unwind_paused=True)
         for _ in range(args.rounds):
             started = time.process_time()
-            times["floor"] += floor_ms(guest.qmp, args.samples, "stop", times["floor_pause"])
+            floor_pauses: list[float] = []
+            floor = floor_ms(guest.qmp, args.samples, "stop", floor_pauses)
+            times["floor"] += floor
+            times["floor_pause"] += floor_pauses
             times["floor_cpu"].append((time.process_time() - started) / args.samples)
             stop = asyncio.run(stop_ms(options, analyzer, args.samples, kept))
+            round_ratios["tick"].append(round_ratio(stop.path, floor))
+            round_ratios["pause"].append(round_ratio(stop.pauses, floor_pauses))
             times["stop"] += stop.path
             times["analysis"] += stop.analysis
             times["stop_pause"] += stop.pauses
@@ -127,7 +149,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], Kept, str
             times["paused_stop_cpu"].append(exact.cpu_per_tick)
         if args.profile:
             profile_stop(options, analyzer, args.samples, args.profile)
-        return times, kept, guest.abi
+        return Measured(times, round_ratios, kept, guest.abi)
 
 
 def ram_arguments(ram: str, path: str) -> tuple[str, ...]:
@@ -171,7 +193,7 @@ def main() -> None:
         "--ram", choices=("file", "proc"), default="file", help="how qmpprof reads guest RAM"
     )
     args = parser.parse_args()
-    times, kept, abi = measure(args)
+    times, round_ratios, kept, abi = measure(args)
     ms = {name: round(median(values) * 1000, 3) for name, values in times.items()}
     ratio = round(ms["stop"] / ms["floor"], 2)
     figures = sample_figures(kept)
@@ -187,6 +209,14 @@ def main() -> None:
         f"{ms['stop_pause']:.3f} ms ({pause_ratio:.2f}x), --unwind-paused "
         f"{ms['paused_stop_pause']:.3f} ms"
     )
+    spread = {
+        what: (round(min(values), 2), round(max(values), 2))
+        for what, values in round_ratios.items()
+    }
+    print(
+        f"stop/floor per round: tick {spread['tick'][0]:.2f}-{spread['tick'][1]:.2f}x, "
+        f"pause {spread['pause'][0]:.2f}-{spread['pause'][1]:.2f}x ({args.rounds} rounds)"
+    )
     print(
         f"our CPU per tick: floor {ms['floor_cpu']:.3f} ms, stop {ms['stop_cpu']:.3f} ms, "
         f"--unwind-paused {ms['paused_stop_cpu']:.3f} ms; connecting {ms['connect_cpu']:.1f} ms"
@@ -199,7 +229,8 @@ def main() -> None:
     )
     summary = {"abi": abi, "ram": args.ram} | {f"{name}_ms": value for name, value in ms.items()}
     ratios = {"stop_over_floor": ratio, "paused_stop_over_floor": paused_ratio}
-    print(json.dumps(summary | ratios | {"pause_over_floor": pause_ratio} | figures))
+    per_round = {f"{what}_ratio_range": list(bounds) for what, bounds in spread.items()}
+    print(json.dumps(summary | ratios | {"pause_over_floor": pause_ratio} | per_round | figures))
 
 
 if __name__ == "__main__":
