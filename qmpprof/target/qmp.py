@@ -265,7 +265,7 @@ class QmpSession:
         # before its own is dropped. Later commands carry none: each byte costs ~6 µs.
         self._protocol.sync_id = _session_id()
         try:
-            await self.execute("qmp_capabilities", id=self._protocol.sync_id)
+            await self.execute("qmp_capabilities", _capabilities(greeting), self._protocol.sync_id)
         except (CommandFailed, TargetGone, BadQmpMessage) as err:
             raise ConnectionFailed(self.path, f"capability negotiation failed ({err})") from err
 
@@ -448,6 +448,17 @@ class QmpSession:
 
     async def cont(self) -> None:
         await self.execute("cont")
+
+
+def _capabilities(greeting: dict[str, Any]) -> dict[str, object] | None:
+    """qmp_capabilities' arguments: out-of-band execution when QEMU offers it. We send
+    no out-of-band command; what it changes is who reads our input: QEMU's monitor
+    thread, all of it at once, instead of the main loop a byte per turn that waits while
+    a command runs. So the register request sent with `stop` is read while `stop` runs,
+    and the VM's pause per stop-mode sample is ~0.6 ms shorter (bench/linux_sample_cost.py).
+    Commands still run one at a time, in order, and replies keep that order."""
+    offered = greeting["QMP"].get("capabilities") if isinstance(greeting["QMP"], dict) else None
+    return {"enable": ["oob"]} if isinstance(offered, list) and "oob" in offered else None
 
 
 _NOT_QMP = "not a QMP socket (the other end did not greet like QEMU)"
