@@ -21,7 +21,15 @@ import pytest
 
 from tests.guest_vm import qmp_call
 from tests.integration.conftest import run_cached
-from tests.integration.gdb_mi import Frames, GdbFrame, GdbMi, agree, same_function, text_aliases
+from tests.integration.gdb_mi import (
+    Frames,
+    GdbFrame,
+    GdbMi,
+    agree,
+    same_function,
+    text_aliases,
+    without_hidden_inline_leaf,
+)
 from tests.integration.linux_user_gdb import (
     PAGE,
     Mapping,
@@ -211,6 +219,7 @@ def disagreements(run: Run) -> list[str]:
     for gdb, ours in zip(run.stacks, run.ours, strict=True):
         theirs = [replace(f, function=same_function(f.function, aliases)) for f in gdb]
         mine = [(address, same_function(name, aliases)) for address, name in ours]
+        mine = without_hidden_inline_leaf(mine, theirs)
         if not agree(theirs, mine):
             found.append(f"gdb:     {[(hex(f.address), f.function) for f in theirs]}\n"
                          f"qmpprof: {[(hex(a), n) for a, n in mine]}")  # fmt: skip

@@ -36,14 +36,21 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from itertools import takewhile
 from pathlib import Path
 
 import pytest
 
 from tests.guest_vm import qmp_call
 from tests.integration.conftest import run_cached
-from tests.integration.gdb_mi import Frames, GdbFrame, GdbMi, agree, same_function, text_aliases
+from tests.integration.gdb_mi import (
+    Frames,
+    GdbFrame,
+    GdbMi,
+    agree,
+    same_function,
+    text_aliases,
+    without_hidden_inline_leaf,
+)
 from tests.linux_vm import (
     BOOT,
     LinuxGuest,
@@ -290,29 +297,6 @@ def kernel_part_agrees(observed: Observed, ours: Frames) -> bool:
     return agree(observed.kernel, ours[: len(observed.kernel)])
 
 
-def without_hidden_inline_leaf(ours: Frames, observed: Observed) -> Frames:
-    """qmpprof lists a call inlined at the leaf when the vCPU stopped at its first
-    instruction, as GDB did on the example guest (rdtsc in timer_account_leaf); GDB on
-    this kernel hid one (rcu_read_unlock at aa_file_perm's pc, where the instruction
-    before belongs to the caller: GDB's block_starting_point_at). Which of GDB's rules
-    applies is not settled: a leaf inlined frame GDB leaves out is not counted against
-    qmpprof, every other frame is. The inlined call may bear its caller's own name (6.12:
-    copy_page_to_iter inlined at copy_page_to_iter's pc): the frames GDB lists at the
-    leaf must be the last ones qmpprof lists there."""
-    gdb = observed.kernel or observed.user
-    if not gdb:
-        return ours
-    leaf = gdb[0].address
-    # The leaf's frames only: an interrupt handler may stop at the pc it interrupted
-    # (read_hpet in a timer interrupt that came at read_hpet's pc), listed again deeper.
-    at_leaf = [name for address, name in takewhile(lambda f: f[0] == leaf, ours)]
-    gdb_at_leaf = [f.function for f in takewhile(lambda f: f.address == leaf, gdb)]
-    hidden = len(at_leaf) - len(gdb_at_leaf)
-    if hidden <= 0 or at_leaf[hidden:] != gdb_at_leaf:
-        return ours
-    return ours[hidden:]
-
-
 #: x86-64's MODULES_VADDR with KASLR's 1 GiB kernel image: module code lies above it.
 MODULES_START = 0xFFFF_FFFF_C000_0000
 
@@ -387,7 +371,8 @@ class Agreement:
         gdb = self.aliases.gdb
         gdb_kernel = without_module_inlines(gdb(seen.kernel, comm))
         observed = replace(seen, kernel=gdb_kernel, user=gdb(seen.user, comm))
-        ours = without_hidden_inline_leaf(self.aliases.ours(frames, comm), observed)
+        gdb_leaf_first = observed.kernel or observed.user
+        ours = without_hidden_inline_leaf(self.aliases.ours(frames, comm), gdb_leaf_first)
         ours_kernel = [(a, n) for a, n in ours if a >= KERNEL_HALF]
         ours_user = [(a, n) for a, n in ours if a < KERNEL_HALF]
         if observed.kind == USER:
