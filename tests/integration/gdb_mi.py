@@ -209,14 +209,21 @@ class GdbMi:
             self._process.wait(timeout=10)
 
 
-def text_aliases(elf: Path) -> dict[str, str]:
-    """Each code symbol of `elf` -> one name for all the symbols at its address: GDB names
-    glibc's `clone3` (weak) where qmpprof names `__clone3` (global), the same function."""
-    nm = subprocess.run(["nm", str(elf)], capture_output=True, text=True, check=True)
+def text_aliases(*elfs: Path) -> dict[str, str]:
+    """Each code symbol of `elfs` (files of one address space: a library and its debug
+    file) -> one name for all the symbols at its address, dynamic ones included: GDB
+    names glibc's `clone3` (weak) where qmpprof names `__clone3` (global), the same
+    function; a stripped libc's .dynsym names 0xa2d70 `memcpy` (GLIBC_2.2.5, in no other
+    table) where its debug file names `__memcpy_sse2_unaligned`."""
     by_address = defaultdict(list)
-    for parts in (line.split() for line in nm.stdout.splitlines()):
-        if len(parts) == 3 and parts[1] in "TtWw":
-            by_address[parts[0]].append(parts[2])
+    for elf in elfs:
+        for table in ([], ["-D"]):
+            nm = subprocess.run(
+                ["nm", *table, str(elf)], capture_output=True, text=True, check=True
+            )
+            for parts in (line.split() for line in nm.stdout.splitlines()):
+                if len(parts) == 3 and parts[1] in "TtWw":
+                    by_address[parts[0]].append(parts[2].split("@", 1)[0])
     return {name: min(names) for names in by_address.values() for name in names}
 
 

@@ -92,12 +92,25 @@ def user_frames(dump: dict[str, Any], vcpu: int) -> list[dict[str, Any]]:
     return [f for f in frames if int(f["address"], 16) < 1 << 47 and not f["inlined"]]
 
 
+def library_aliases(sysroot: Path) -> dict[str, str]:
+    """One name per address of each library of the sysroot with its debug file (found by
+    build-id), so that a name from the guest's .dynsym and one from the debug file for
+    the same address count as one."""
+    debug_files = {
+        path.parent.name + path.stem: path
+        for path in (sysroot / "usr/lib/debug/.build-id").glob("*/*.debug")
+    }
+    aliases: dict[str, str] = {}
+    for library in sysroot.glob("lib/x86_64-linux-gnu/*.so*"):
+        debug = debug_files.get(build_id(library))
+        aliases.update(text_aliases(library, *([debug] if debug else [])))
+    return aliases
+
+
 def test_without_a_sysroot_user_frames_are_files_and_offsets_never_wrong_names(
     guest: LinuxGuest,
 ) -> None:
-    aliases: dict[str, str] = {}
-    for debug in (guest_sysroot() / "usr/lib/debug/.build-id").glob("*/*.debug"):
-        aliases.update(text_aliases(debug))
+    aliases = library_aliases(guest_sysroot())
     files = {"dynwork", "libc.so.6", "libqmpwork.so.1", "ld-linux-x86-64.so.2"}
     compared = 0
     for _ in range(8):
