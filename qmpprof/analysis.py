@@ -28,6 +28,7 @@ from qmpprof.address_space import (
 from qmpprof.defaults import DEFAULT_MAX_DEPTH
 from qmpprof.errors import MemoryFault
 from qmpprof.guest.adapter import GenericAdapter, OsAdapter
+from qmpprof.guest.kernel_types import KernelTypes
 from qmpprof.guest.mode import mode_of
 from qmpprof.memory import MemoryReader, WindowMemory
 from qmpprof.model import (
@@ -80,6 +81,7 @@ class Analyzer:
         max_depth: int = DEFAULT_MAX_DEPTH,
         biases: abc.Mapping[str, int] | None = None,
         files: UserFiles | None = None,
+        kernel_types: KernelTypes | None = None,
     ) -> None:
         """`biases`: the load bias of each module (by name) not running at its link
         address (a KASLR kernel, a PIE program); zero for the others. `files`: where the
@@ -91,6 +93,8 @@ class Analyzer:
         self.max_depth = max_depth
         self.biases = dict(biases or {})
         self.files = files or UserFiles()
+        #: Where the kernel's struct layouts come from: its ELF, or its memory.
+        self.kernel_types = kernel_types
         self._spaces: dict[object, tuple[AddressSpace, Symbolizer]] = {}
         self.kernel_modules: tuple[KernelModule, ...] = ()
         self.kernel_module_files: dict[str, Module] = {}

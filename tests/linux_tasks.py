@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from qmpprof.guest.dwarf_types import read_layout
-from qmpprof.guest.linux import LinuxAdapter
+from qmpprof.guest.linux.adapter import LinuxAdapter
 from qmpprof.memory import MemoryReader
 from qmpprof.model import FileMapping, RegisterSet
 from qmpprof.record.page_reader import UNREADABLE, PageReader

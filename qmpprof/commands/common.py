@@ -12,6 +12,7 @@ from qmpprof.analysis import Analyzer
 from qmpprof.defaults import DEFAULT_MAX_DEPTH, DEFAULT_STACK_BYTES
 from qmpprof.errors import BadElf
 from qmpprof.guest.adapter import GenericAdapter, OsAdapter
+from qmpprof.guest.kernel_types import ElfTypes
 from qmpprof.guest.registry import choose_adapter
 from qmpprof.model import FileMapping
 from qmpprof.modules import load_module, load_user_modules
@@ -51,7 +52,10 @@ def build_analyzer(options: TargetOptions) -> Analyzer:
             raise BadElf(str(directory), "not a directory")
     files = UserFiles(options.sysroot, options.user_dirs, options.user_files)
     adapter = _adapter(options.kernel)
-    return Analyzer(kernel, users, adapter, options.unwind, options.max_depth, files=files)
+    types = ElfTypes(options.kernel) if options.kernel is not None else None
+    return Analyzer(
+        kernel, users, adapter, options.unwind, options.max_depth, files=files, kernel_types=types
+    )
 
 
 def cfi_problems(analyzer: Analyzer, compile_all: bool) -> list[str]:

@@ -47,7 +47,7 @@ async def connected(
                 modules = KernelModules.of_guest(analyzer, memory, placed.vcpu, files)
             if modules is not None:
                 await modules.read()
-            maps = ProcessMaps.of_guest(analyzer.kernel, analyzer.adapter, memory)
+            maps = ProcessMaps.of_guest(analyzer.kernel_types, analyzer.adapter, memory)
             capturer = Capturer(session, memory, analyzer, config, modules, maps)
             yield session, memory, capturer
         finally:

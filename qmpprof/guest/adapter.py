@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from qmpprof.guest.kernel_types import KernelTypes
 from qmpprof.memory import MemoryReader
 from qmpprof.model import Process, RegisterSet
 
@@ -99,6 +100,8 @@ class KernelFacts:
     path: Path
     symbols: dict[str, int]
     sections: frozenset[str]
+    #: Where its struct layouts and other data symbols come from.
+    types: KernelTypes
 
 
 class AdapterKind(Protocol):

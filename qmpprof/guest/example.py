@@ -29,7 +29,7 @@ class ExampleGuestAdapter:
     @classmethod
     def from_facts(cls, facts: KernelFacts) -> ExampleGuestAdapter | None:
         """The adapter, if the kernel also declares struct process (the only type read)."""
-        layout = read_layout(facts.path, set(), {"process"})
+        layout = facts.types.layout(set(), {"process"})
         return cls._from_layout(facts.symbols.get("cpu_current"), layout)
 
     @classmethod

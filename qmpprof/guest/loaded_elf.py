@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from qmpprof.errors import BadCfi, MemoryFault
-from qmpprof.guest.linux_maps import build_id_note
+from qmpprof.guest.linux.maps import build_id_note
 from qmpprof.memory import MemoryReader
 from qmpprof.model import FileMapping
 from qmpprof.modules import LoadSegment, Module, guest_loaded_file

@@ -12,7 +12,8 @@ from pathlib import Path
 from qmpprof.errors import BadElf
 from qmpprof.guest.adapter import AdapterKind, GenericAdapter, KernelFacts, OsAdapter
 from qmpprof.guest.example import ExampleGuestAdapter
-from qmpprof.guest.linux import LinuxAdapter
+from qmpprof.guest.kernel_types import ElfTypes
+from qmpprof.guest.linux.adapter import LinuxAdapter
 from qmpprof.symbols.derived import file_key
 from qmpprof.symbols.elf import read_object_symbols
 from qmpprof.symbols.elf_file import open_elf
@@ -41,4 +42,4 @@ def kernel_facts(kernel: Path, kinds: Sequence[AdapterKind] = ADAPTERS) -> Kerne
             sections = frozenset(section.name for section in elf.iter_sections())
     except BadElf:
         return None
-    return KernelFacts(kernel, symbols, sections)
+    return KernelFacts(kernel, symbols, sections, ElfTypes(kernel))

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from qmpprof.analysis import Analyzer
 from qmpprof.defaults import DEFAULT_STACK_BYTES, PAGE_SIZE
 from qmpprof.errors import MemoryFault
-from qmpprof.guest.linux import LinuxAdapter
+from qmpprof.guest.linux.adapter import LinuxAdapter
 from qmpprof.memory import FetchingMemory, WindowFetch, WindowMemory
 from qmpprof.model import (
     KERNEL_HALF,

@@ -1,6 +1,6 @@
 """A guest file's pages as its process sees them, those it never touched included: read
 through the process's page tables, and where a page is in none (Linux maps file pages
-lazily), from the kernel's page cache (guest/linux_page_cache.py) when the process's
+lazily), from the kernel's page cache (guest/linux/page_cache.py) when the process's
 VMA of that address would show the file's page unchanged.
 
     cache = PageCache.of_kernel(kernel, slide=lambda: adapter.bias)   # None: no layout
@@ -12,10 +12,10 @@ Only record/process_maps.py's reading of a file with no host copy uses it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
-from qmpprof.guest.linux_maps import FileSource
-from qmpprof.guest.linux_page_cache import (
+from qmpprof.guest.kernel_types import KernelTypes
+from qmpprof.guest.linux.maps import FileSource
+from qmpprof.guest.linux.page_cache import (
     PAGE_SIZE,
     MemoryBases,
     PageCacheLayout,
@@ -45,8 +45,8 @@ class PageCache:
         self.missed = 0
 
     @classmethod
-    def of_kernel(cls, path: Path, slide: Callable[[], int]) -> PageCache | None:
-        layout = page_cache_layout(path)
+    def of_kernel(cls, types: KernelTypes, slide: Callable[[], int]) -> PageCache | None:
+        layout = page_cache_layout(types)
         return None if layout is None else cls(layout, slide)
 
     def forget(self) -> None:

@@ -1,4 +1,4 @@
-"""A Linux guest's loaded kernel modules, read into the Analyzer (guest/linux_modules.py).
+"""A Linux guest's loaded kernel modules, read into the Analyzer (guest/linux/modules.py).
 
 Read once per connection, after the KASLR slide (the list head moves with it), and
 again when a sample's PC is in the kernel half but in neither the kernel's code nor a
@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable
 
 from qmpprof.analysis import Analyzer
 from qmpprof.errors import MemoryFault
-from qmpprof.guest.linux import LinuxAdapter
-from qmpprof.guest.linux_modules import MAX_MODULES, ModuleListLayout, ModuleWalk
-from qmpprof.guest.linux_modules import module_list_layout as _layout_of
+from qmpprof.guest.linux.adapter import LinuxAdapter
+from qmpprof.guest.linux.modules import MAX_MODULES, ModuleListLayout, ModuleWalk
+from qmpprof.guest.linux.modules import module_list_layout as _layout_of
 from qmpprof.memory import WindowMemory
 from qmpprof.model import KERNEL_HALF, CapturedSample, KernelModule, MemoryWindow
 from qmpprof.symbols.kernel_object import ModuleFiles
@@ -70,10 +70,10 @@ class KernelModules:
         cls, analyzer: Analyzer, memory: MemoryBackend, vcpu: int, files: ModuleFiles | None
     ) -> KernelModules | None:
         """For a Linux kernel whose vmlinux describes its module list; else None."""
-        kernel = analyzer.kernel
-        if kernel is None or not isinstance(analyzer.adapter, LinuxAdapter):
+        types = analyzer.kernel_types
+        if types is None or not isinstance(analyzer.adapter, LinuxAdapter):
             return None
-        layout = _layout_of(kernel.path)
+        layout = _layout_of(types)
         return None if layout is None else cls(analyzer, memory, vcpu, layout, files)
 
     async def read(self) -> None:

@@ -1,4 +1,4 @@
-"""Each guest process's executable file mappings, read from its kernel (guest/linux_maps.py)
+"""Each guest process's executable file mappings, read from its kernel (guest/linux/maps.py)
 through the capture's memory backend, and kept per address space.
 
     maps = ProcessMaps.of_guest(kernel, adapter, memory)   # None: not Linux, or no DWARF
@@ -37,8 +37,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from qmpprof.guest.adapter import OsAdapter
-from qmpprof.guest.linux import LinuxAdapter
-from qmpprof.guest.linux_maps import BuildIdRead, FileSource, MapsLayout, MapsWalk, maps_layout
+from qmpprof.guest.kernel_types import KernelTypes
+from qmpprof.guest.linux.adapter import LinuxAdapter
+from qmpprof.guest.linux.maps import BuildIdRead, FileSource, MapsLayout, MapsWalk, maps_layout
 from qmpprof.guest.loaded_elf import (
     LoadedHeaders,
     LoadedHeadersRead,
@@ -162,18 +163,16 @@ class ProcessMaps:
 
     @classmethod
     def of_guest(
-        cls, kernel: Module | None, adapter: OsAdapter, memory: MemoryBackend
+        cls, types: KernelTypes | None, adapter: OsAdapter, memory: MemoryBackend
     ) -> ProcessMaps | None:
         """For a Linux kernel whose vmlinux describes VMAs, files and dentries; else None
         (about 1 s of DWARF reading, once per vmlinux)."""
-        if kernel is None or not isinstance(adapter, LinuxAdapter):
+        if types is None or not isinstance(adapter, LinuxAdapter):
             return None
-        layout = maps_layout(kernel.path)
+        layout = maps_layout(types)
         if layout is None:
             return None
-        return cls(
-            layout, memory, page_cache=PageCache.of_kernel(kernel.path, lambda: adapter.bias)
-        )
+        return cls(layout, memory, page_cache=PageCache.of_kernel(types, lambda: adapter.bias))
 
     async def maps_for(
         self,

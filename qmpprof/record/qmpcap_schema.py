@@ -43,7 +43,7 @@ MAX_RECORD_BYTES = 4 * 1024 * 1024
 MAX_FRAMES = 65536
 #: Memory windows per record: the stack and a few more (record/capture.py reads up to 4).
 MAX_WINDOWS = 16
-#: Executable file mappings of one process (guest/linux_maps.py reads no more), the
+#: Executable file mappings of one process (guest/linux/maps.py reads no more), the
 #: length of a path (PATH_MAX) and of a build-id (modules.MAX_BUILD_ID).
 MAX_FILE_MAPS = 1024
 MAX_PATH = 4096
@@ -138,7 +138,7 @@ def parse_line(line: bytes) -> Any:
         raise BadRecord("not JSON") from err
 
 
-#: A capture's kernel modules: as many, and names as long, as guest/linux_modules.py reads.
+#: A capture's kernel modules: as many, and names as long, as guest/linux/modules.py reads.
 MAX_KERNEL_MODULES = 4096
 MAX_MODULE_NAME = 56
 #: A kernel's recorded bias stays inside the x86-64 address space either way.

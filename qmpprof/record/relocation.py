@@ -1,4 +1,4 @@
-"""Where the guest runs its kernel, found once per connection and checked (guest/kaslr.py)."""
+"""Where the guest runs its kernel, found once per connection and checked (guest/linux/kaslr.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from qmpprof.analysis import Analyzer
 from qmpprof.errors import KernelMismatch
-from qmpprof.guest.kaslr import (
+from qmpprof.guest.linux.adapter import LinuxAdapter
+from qmpprof.guest.linux.kaslr import (
     GATE_SIZE,
     gate_handler,
     kernel_slide,
@@ -16,7 +17,6 @@ from qmpprof.guest.kaslr import (
     mismatch_banner,
     mismatch_no_slide,
 )
-from qmpprof.guest.linux import LinuxAdapter
 from qmpprof.model import RegisterSet
 from qmpprof.modules import Module
 from qmpprof.record.capture import REGISTERS

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qmpprof.errors import MemoryFault
-from qmpprof.guest.linux_maps import (
+from qmpprof.guest.linux.maps import (
     MAX_BUILD_ID,
     MAX_DEPTH,
     NAME_MAX,

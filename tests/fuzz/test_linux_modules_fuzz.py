@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qmpprof.errors import MemoryFault
-from qmpprof.guest.linux_modules import (
+from qmpprof.guest.linux.modules import (
     MAX_MODULES,
     MAX_NAME,
     MAX_TEXT,

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qmpprof.errors import MemoryFault
-from qmpprof.guest.linux_page_cache import (
+from qmpprof.guest.linux.page_cache import (
     CHUNK_SIZE,
     MAX_PFN,
     MemoryBases,

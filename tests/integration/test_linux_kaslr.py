@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from qmpprof.guest.linux import LinuxAdapter
+from qmpprof.guest.linux.adapter import LinuxAdapter
 from qmpprof.guest.registry import choose_adapter
 from qmpprof.memory import WindowMemory
 from qmpprof.model import MemoryWindow, Process

@@ -18,8 +18,9 @@ import pytest
 
 from qmpprof.commands.common import TargetOptions, build_analyzer
 from qmpprof.commands.connect import connected
-from qmpprof.guest.linux import LinuxAdapter
-from qmpprof.guest.linux_maps import maps_layout
+from qmpprof.guest.kernel_types import ElfTypes
+from qmpprof.guest.linux.adapter import LinuxAdapter
+from qmpprof.guest.linux.maps import maps_layout
 from qmpprof.model import FileMapping, RegisterSet
 from qmpprof.record.page_reader import UNREADABLE, PageReader
 from qmpprof.record.process_maps import ProcessMaps, read_maps
@@ -51,7 +52,7 @@ def test_every_workloads_maps_are_those_proc_printed(maps_guest: LinuxGuest) -> 
     assert len(with_files) >= 4, f"too few workloads with file mappings (skipped: {skipped})"
     options = TargetOptions(maps_guest.qmp, maps_guest.kernel)
     analyzer = build_analyzer(options)
-    layout, tasks = maps_layout(maps_guest.kernel), TaskList.of(maps_guest.kernel)
+    layout, tasks = maps_layout(ElfTypes(maps_guest.kernel)), TaskList.of(maps_guest.kernel)
     assert layout is not None
 
     async def read_all() -> dict[str, list[tuple[int, int, int, str]]]:
@@ -87,7 +88,7 @@ def test_process_maps_gives_a_running_workloads_maps_and_build_id(
 
     async def catch() -> dict[int, tuple[FileMapping, ...] | None]:
         async with connected(options, analyzer) as (session, memory, _):
-            maps = ProcessMaps.of_guest(analyzer.kernel, analyzer.adapter, memory)
+            maps = ProcessMaps.of_guest(analyzer.kernel_types, analyzer.adapter, memory)
             assert maps is not None and isinstance(analyzer.adapter, LinuxAdapter)
 
             async def visit(registers: RegisterSet, task: int) -> tuple[FileMapping, ...] | None:

@@ -1,7 +1,7 @@
 """Issue 16's third acceptance bullet: with no --sysroot at all, dynwork's stacks still
 unwind through libc with the .eh_frame the guest loaded, most of which dynwork never
 touched (so its page tables do not map it): those pages come from the guest kernel's
-page cache (guest/linux_page_cache.py).
+page cache (guest/linux/page_cache.py).
 
 The Linux example guest runs dynwork alone on 2 vCPUs, KASLR on. At each QMP `stop`,
 `qmpprof dump --json` runs twice on the same pause, without and with the sysroot (the

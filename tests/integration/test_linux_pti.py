@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from qmpprof.errors import MemoryFault
-from qmpprof.guest.kaslr import linked_string
+from qmpprof.guest.linux.kaslr import linked_string
 from qmpprof.target.direct import open_direct
 from qmpprof.target.paging import PagingState, VirtualMemory
 from qmpprof.target.pause import paused

@@ -12,9 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from qmpprof.guest import linux, linux_maps, linux_modules, linux_page_cache
 from qmpprof.guest.btf import Btf
 from qmpprof.guest.dwarf_types import Member, _structs, read_layout
+from qmpprof.guest.linux import adapter as linux
+from qmpprof.guest.linux import maps as linux_maps
+from qmpprof.guest.linux import modules as linux_modules
+from qmpprof.guest.linux import page_cache as linux_page_cache
 from qmpprof.symbols.elf_file import open_elf
 from tests.linux_vm import kernel_abis
 from tests.unit.conftest import build_elf

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 
-from qmpprof.guest.kaslr import gate_handler, kernel_slide
+from qmpprof.guest.linux.kaslr import gate_handler, kernel_slide
 from qmpprof.symbols.elf import Symbol, SymbolTable
 
 #: `x /2gx 0xfffffe0000000000` on the guest: vector 0's gate.

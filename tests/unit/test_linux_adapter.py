@@ -17,8 +17,8 @@ import pytest
 
 from qmpprof.errors import MemoryFault
 from qmpprof.guest.dwarf_types import Member
-from qmpprof.guest.kaslr import linked_string, mismatch_banner
-from qmpprof.guest.linux import CPUNODE_OFFSET, LinuxAdapter, TaskLayout, linux_cpu
+from qmpprof.guest.linux.adapter import CPUNODE_OFFSET, LinuxAdapter, TaskLayout, linux_cpu
+from qmpprof.guest.linux.kaslr import linked_string, mismatch_banner
 from qmpprof.memory import WindowMemory
 from qmpprof.model import IDLE_CONTEXT, MemoryWindow, Process
 from qmpprof.target.registers import parse_all

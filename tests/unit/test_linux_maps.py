@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from qmpprof.guest.adapter import GenericAdapter
-from qmpprof.guest.linux import LinuxAdapter
-from qmpprof.guest.linux_maps import (
+from qmpprof.guest.kernel_types import ElfTypes
+from qmpprof.guest.linux.adapter import LinuxAdapter
+from qmpprof.guest.linux.maps import (
     ARANGE_64,
     RANGE_64,
     SHAPES,
@@ -30,7 +31,6 @@ from qmpprof.guest.linux_maps import (
 )
 from qmpprof.memory import WindowMemory
 from qmpprof.model import KERNEL_HALF, FileMapping, MemoryWindow, RegisterSet
-from qmpprof.modules import load_module
 from qmpprof.record.page_reader import PAGE_SIZE
 from qmpprof.record.process_maps import REREAD_INTERVAL_S, ProcessMaps, read_maps
 from tests.elf_tools import readelf_build_id
@@ -93,7 +93,7 @@ def test_the_dwarf_layout_is_gdbs(abi: str) -> None:
     vmlinux = CACHE / abi / "vmlinux"
     if not vmlinux.exists():
         pytest.skip(f"{vmlinux} is not cached (make linux-guest)")
-    assert maps_layout(vmlinux) == gdb_layout(abi)
+    assert maps_layout(ElfTypes(vmlinux)) == gdb_layout(abi)
 
 
 @pytest.mark.parametrize("abi", ABIS)
@@ -221,11 +221,11 @@ def test_a_walk_that_cannot_read_the_kernel_fails_and_is_counted() -> None:
 
 
 def test_no_process_maps_without_a_linux_kernel(symbols_elf: Path) -> None:
-    module = load_module(symbols_elf)
+    types = ElfTypes(symbols_elf)
     guest = SavedGuest([])
     assert ProcessMaps.of_guest(None, LinuxAdapter(), guest) is None  # type: ignore[arg-type]
-    assert ProcessMaps.of_guest(module, GenericAdapter(), guest) is None  # type: ignore[arg-type]
-    assert ProcessMaps.of_guest(module, LinuxAdapter(), guest) is None  # type: ignore[arg-type]
+    assert ProcessMaps.of_guest(types, GenericAdapter(), guest) is None  # type: ignore[arg-type]
+    assert ProcessMaps.of_guest(types, LinuxAdapter(), guest) is None  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("abi", "name"), CAUGHT)

@@ -21,7 +21,8 @@ from elftools.elf.elffile import ELFFile
 
 from qmpprof.analysis import Analyzer
 from qmpprof.errors import BadRecord, MemoryFault
-from qmpprof.guest.linux_modules import (
+from qmpprof.guest.kernel_types import ElfTypes
+from qmpprof.guest.linux.modules import (
     MAX_NAME,
     ModuleListLayout,
     ModuleWalk,
@@ -98,7 +99,7 @@ def test_the_layout_from_dwarf_is_gdbs(abi: str) -> None:
     vmlinux = CACHE / abi / "vmlinux"
     if not vmlinux.exists():
         pytest.skip(f"{vmlinux} not fetched (make linux-guest)")
-    found = module_list_layout(vmlinux)
+    found = module_list_layout(ElfTypes(vmlinux))
     expected = saved_layout(abi)
     assert found is not None
     assert (found.head, found.list, found.name, found.name_size) == (

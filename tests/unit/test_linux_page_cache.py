@@ -1,4 +1,4 @@
-"""A file's pages from the guest kernel's page cache (guest/linux_page_cache.py): the walk
+"""A file's pages from the guest kernel's page cache (guest/linux/page_cache.py): the walk
 over guest memory saved from Debian 12's 6.1 and 6.12 kernels (tests/unit/data/linux/
 page_cache.json, recorded by record_page_cache.py there while dynwork ran), for every
 page of libc's .eh_frame, most of which dynwork's page tables do not map. The oracles
@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from qmpprof.guest.linux_maps import FileSource, FileVma
-from qmpprof.guest.linux_page_cache import (
+from qmpprof.guest.kernel_types import ElfTypes
+from qmpprof.guest.linux.maps import FileSource, FileVma
+from qmpprof.guest.linux.page_cache import (
     CHUNK_SIZE,
     NODE_SHIFT,
     NODE_SLOTS,
@@ -68,7 +69,7 @@ def test_the_dwarf_layout_is_gdbs(abi: str) -> None:
     vmlinux = CACHE / abi / "vmlinux"
     if not vmlinux.exists():
         pytest.skip(f"{vmlinux} is not cached (make linux-guest)")
-    assert page_cache_layout(vmlinux) == gdb_layout(abi)
+    assert page_cache_layout(ElfTypes(vmlinux)) == gdb_layout(abi)
 
 
 @pytest.mark.parametrize("abi", ABIS)

@@ -31,8 +31,9 @@ from typing import Any
 from qmpprof.commands.common import TargetOptions, build_analyzer
 from qmpprof.commands.connect import connected
 from qmpprof.errors import MemoryFault
-from qmpprof.guest.linux import LinuxAdapter
-from qmpprof.guest.linux_maps import BuildIdRead, MapsLayout, MapsWalk, maps_layout
+from qmpprof.guest.kernel_types import ElfTypes
+from qmpprof.guest.linux.adapter import LinuxAdapter
+from qmpprof.guest.linux.maps import BuildIdRead, MapsLayout, MapsWalk, maps_layout
 from qmpprof.memory import MemoryReader, WindowMemory
 from qmpprof.model import MemoryWindow, RegisterSet
 from qmpprof.record.process_maps import read_maps
@@ -144,7 +145,7 @@ async def record_walk(
 async def record_guest(qmp: str, vmlinux: Path, pids: set[int]) -> dict[int, dict[str, Any]]:
     options = TargetOptions(qmp, vmlinux, memory="hmp")
     analyzer = build_analyzer(options)
-    layout = maps_layout(vmlinux)
+    layout = maps_layout(ElfTypes(vmlinux))
     assert layout is not None and isinstance(analyzer.adapter, LinuxAdapter)
     async with connected(options, analyzer) as (session, memory, _):
         adapter = analyzer.adapter

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from qmpprof.errors import MemoryFault
-from qmpprof.guest.linux_modules import ModuleListLayout, ModuleWalk
+from qmpprof.guest.linux.modules import ModuleListLayout, ModuleWalk
 from qmpprof.memory import WindowMemory
 from qmpprof.model import MemoryWindow
 from qmpprof.target.memory import open_memory

@@ -6,7 +6,7 @@ For each kernel the tests boot (Debian 12's 6.1, backports' 6.12), it boots the 
 example guest running dynwork (KASLR on), catches dynwork in user mode on a vCPU, reads
 its maps there (record/process_maps.py, memory backend `hmp`) and, for every page of
 libc's .eh_frame, looks the page up in the page cache as record does
-(guest/linux_page_cache.py). Saved to page_cache.json:
+(guest/linux/page_cache.py). Saved to page_cache.json:
 
 - GDB's offsets and sizes the walk uses, the variables' link addresses, its ptype of
   struct xa_node;
@@ -33,9 +33,10 @@ from typing import Any
 
 from qmpprof.commands.common import TargetOptions, build_analyzer
 from qmpprof.commands.connect import connected
-from qmpprof.guest.linux import LinuxAdapter
-from qmpprof.guest.linux_maps import FileSource, maps_layout
-from qmpprof.guest.linux_page_cache import (
+from qmpprof.guest.kernel_types import ElfTypes
+from qmpprof.guest.linux.adapter import LinuxAdapter
+from qmpprof.guest.linux.maps import FileSource, maps_layout
+from qmpprof.guest.linux.page_cache import (
     PageCacheLayout,
     file_page,
     memory_bases,
@@ -84,8 +85,8 @@ async def record_libc(
     memory: MemoryBackend, registers: RegisterSet, task: int, vmlinux: Path, slide: int
 ) -> dict[str, Any]:
     vcpu = registers.vcpu
-    layout = page_cache_layout(vmlinux)
-    maps = maps_layout(vmlinux)
+    layout = page_cache_layout(ElfTypes(vmlinux))
+    maps = maps_layout(ElfTypes(vmlinux))
     assert layout is not None and maps is not None
     done = await read_maps(memory, vcpu, maps, task)
     assert done is not None

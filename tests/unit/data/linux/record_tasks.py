@@ -33,7 +33,7 @@ from elftools.elf.elffile import ELFFile
 
 from qmpprof.errors import MemoryFault
 from qmpprof.guest.dwarf_types import Member
-from qmpprof.guest.linux import CPUNODE_OFFSET, LinuxAdapter, TaskLayout
+from qmpprof.guest.linux.adapter import CPUNODE_OFFSET, LinuxAdapter, TaskLayout
 from qmpprof.memory import WindowMemory
 from qmpprof.model import MemoryWindow
 from qmpprof.target.memory import open_memory

@@ -10,7 +10,7 @@ sizeof(struct page); the page's bytes are in the direct map at `page_offset_base
 pfn * 4096. Both bases are variables that KASLR randomizes, read from the guest.
 
 An xarray node (xa_node) has a shift, 64 slots and a fixed layout on 64-bit kernels
-(not in the DWARF this module reads, as with the maple nodes of guest/linux_maps.py;
+(not in the DWARF this module reads, as with the maple nodes of guest/linux/maps.py;
 GDB's ptype of 6.1's and 6.12's: tests/unit/test_linux_page_cache.py). A slot holds
 NULL, a pointer (the folio), a value entry (low bit set: a shadow or swap entry, no page
 here), a node (low bits 10, above 4096), or a sibling (low bits 10, 0..62 above them:
@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from pathlib import Path
 
-from qmpprof.guest.dwarf_types import read_layout
-from qmpprof.guest.linux_maps import is_kernel, is_node
+from qmpprof.guest.kernel_types import KernelTypes
+from qmpprof.guest.linux.maps import is_kernel, is_node
 from qmpprof.memory import MemoryReader
 
 PAGE_SIZE = 4096
@@ -67,8 +66,8 @@ class PageCacheLayout:
     page_offset_base: int
 
     @classmethod
-    def from_kernel(cls, path: Path) -> PageCacheLayout | None:
-        layout = read_layout(path, _VARIABLES, _STRUCTS, _MEMBERS)
+    def from_kernel(cls, types: KernelTypes) -> PageCacheLayout | None:
+        layout = types.layout(_VARIABLES, _STRUCTS, _MEMBERS)
         s, v = layout.structs, layout.variables
         try:
             folio, page_struct = s["folio"], s["folio"]["page"].size
@@ -92,10 +91,10 @@ class PageCacheLayout:
 
 
 @functools.lru_cache(maxsize=4)
-def page_cache_layout(path: Path) -> PageCacheLayout | None:
+def page_cache_layout(types: KernelTypes) -> PageCacheLayout | None:
     """The layout in the vmlinux at `path`; None when it lacks a part (a kernel built
     without CONFIG_RANDOMIZE_MEMORY has no base variables)."""
-    return PageCacheLayout.from_kernel(path)
+    return PageCacheLayout.from_kernel(types)
 
 
 @dataclass(frozen=True)

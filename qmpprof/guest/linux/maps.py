@@ -15,7 +15,7 @@ file on the root filesystem, as in the Linux test guest).
 
 Each mapping also keeps its file's `struct file *` and the process's VMAs of that file
 (FileSource), so a page of the file the process never touched can be found in the
-page cache (guest/linux_page_cache.py): a VMA with an anon_vma may hold private copies
+page cache (guest/linux/page_cache.py): a VMA with an anon_vma may hold private copies
 of its pages, which the page cache does not have, so none of its pages are taken from
 there.
 
@@ -35,10 +35,10 @@ import functools
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from qmpprof.errors import MemoryFault
-from qmpprof.guest.dwarf_types import Member, read_layout
+from qmpprof.guest.dwarf_types import Member
+from qmpprof.guest.kernel_types import KernelTypes
 from qmpprof.memory import MemoryReader
 from qmpprof.model import KERNEL_HALF, FileMapping
 
@@ -160,9 +160,9 @@ class MapsLayout:
 
 
 @functools.lru_cache(maxsize=4)
-def maps_layout(path: Path) -> MapsLayout | None:
+def maps_layout(types: KernelTypes) -> MapsLayout | None:
     """The layout in the vmlinux at `path`; None when its DWARF lacks a part."""
-    return MapsLayout.from_members(read_layout(path, set(), _STRUCTS, _MEMBERS).structs)
+    return MapsLayout.from_members(types.layout(set(), _STRUCTS, _MEMBERS).structs)
 
 
 #: The most VMAs of one file kept in its FileSource (a library has about five).

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from qmpprof.guest.adapter import NAME_LIMIT, KernelFacts, UserRegisters, task_name
-from qmpprof.guest.dwarf_types import Member, read_layout
+from qmpprof.guest.dwarf_types import Member
 from qmpprof.memory import MemoryReader
 from qmpprof.model import IDLE_CONTEXT, Process, RegisterSet
 from qmpprof.unwind.orc import PT_REGS
@@ -137,7 +137,7 @@ class LinuxAdapter:
             return cls(banner=banner)
         # 6.1 has no pcpu_hot: a kernel without BTF would scan all of its DWARF for it.
         structs = {"task_struct"} | ({"pcpu_hot"} & facts.symbols.keys())
-        layout = read_layout(facts.path, set(), structs, (*TASK_MEMBERS, "top_of_stack"))
+        layout = facts.types.layout(set(), structs, (*TASK_MEMBERS, "top_of_stack"))
         task = TaskLayout.from_members(layout.structs.get("task_struct", {}))
         if task is None:
             return cls(banner=banner)

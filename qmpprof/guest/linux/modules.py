@@ -19,10 +19,10 @@ from __future__ import annotations
 import functools
 import struct
 from dataclasses import dataclass
-from pathlib import Path
 
 from qmpprof.guest.adapter import task_name
-from qmpprof.guest.dwarf_types import Member, read_layout
+from qmpprof.guest.dwarf_types import Member
+from qmpprof.guest.kernel_types import KernelTypes
 from qmpprof.memory import MemoryReader
 from qmpprof.model import KERNEL_HALF, KernelModule
 
@@ -79,11 +79,11 @@ class ModuleListLayout:
 
 
 @functools.lru_cache(maxsize=4)
-def module_list_layout(path: Path) -> ModuleListLayout | None:
+def module_list_layout(types: KernelTypes) -> ModuleListLayout | None:
     """The module list's layout in the vmlinux at `path`; None when its symbols or DWARF
     lack any part (about 0.3 s on Debian's kernels: two bounded DWARF scans, the second
     for the struct the first said holds the text)."""
-    first = read_layout(path, {"modules"}, {"module", "list_head"}, (*MODULE_MEMBERS, "next"))
+    first = types.layout({"modules"}, {"module", "list_head"}, (*MODULE_MEMBERS, "next"))
     head = first.variables.get("modules")
     module = first.structs.get("module", {})
     next_member = first.structs.get("list_head", {}).get("next")
@@ -91,7 +91,7 @@ def module_list_layout(path: Path) -> ModuleListLayout | None:
     if head is None or next_member is None or holder is None:
         return None
     inner = _TEXT_STRUCTS[holder]
-    text = read_layout(path, set(), {inner}, TEXT_MEMBERS).structs.get(inner, {})
+    text = types.layout(set(), {inner}, TEXT_MEMBERS).structs.get(inner, {})
     return layout_from_members(head, next_member, module, holder, text)
 
 

@@ -1,0 +1,61 @@
+"""Where a kernel's data symbols and struct layouts come from: its ELF, or its memory.
+
+Every reader of kernel structures (the OS adapters, the module list, process maps, the
+page cache) asks one `KernelTypes` for what it needs, so none of them knows whether a
+vmlinux was given (`ElfTypes`: its symbol table, BTF or DWARF) or the kernel was read
+from the guest (`MemoryTypes`: kallsyms and the BTF the kernel keeps in its image).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Hashable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from qmpprof.guest.btf import Btf
+from qmpprof.guest.dwarf_types import KernelLayout, Member, read_layout
+
+
+class KernelTypes(Hashable, Protocol):
+    """Hashable: the walkers' layouts are cached per kernel."""
+
+    def layout(
+        self, variables: set[str], structs: set[str], members: Collection[str] | None = None
+    ) -> KernelLayout:
+        """The link addresses of `variables` and the `members` (all when None) of
+        `structs`; missing ones are absent."""
+        ...
+
+
+@dataclass(frozen=True)
+class ElfTypes:
+    """A kernel ELF's: guest/dwarf_types.read_layout (cached per file)."""
+
+    path: Path
+
+    def layout(
+        self, variables: set[str], structs: set[str], members: Collection[str] | None = None
+    ) -> KernelLayout:
+        return read_layout(self.path, variables, structs, members)
+
+
+@dataclass(frozen=True, eq=False)
+class MemoryTypes:
+    """A kernel read from guest memory: `variables` looks data symbols up (link
+    addresses) in its kallsyms, `btf` is the BTF from its image (None: no layouts)."""
+
+    variables: Callable[[Collection[str]], dict[str, int]]
+    btf: Btf | None
+
+    def layout(
+        self, variables: set[str], structs: set[str], members: Collection[str] | None = None
+    ) -> KernelLayout:
+        found = self.variables(variables) if variables else {}
+        if self.btf is None or not structs:
+            return KernelLayout(found, {})
+        wanted = None if members is None else frozenset(members)
+        placed = self.btf.structs(structs, wanted)
+        return KernelLayout(
+            found, {n: {m: Member(*at) for m, at in s.items()} for n, s in placed.items()}
+        )
