@@ -95,9 +95,26 @@ class Analyzer:
         self.files = files or UserFiles()
         #: Where the kernel's struct layouts come from: its ELF, or its memory.
         self.kernel_types = kernel_types
+        #: Where the kernel came from, when not from a file: one line for the summary.
+        self.kernel_source: str | None = None
         self._spaces: dict[object, tuple[AddressSpace, Symbolizer]] = {}
         self.kernel_modules: tuple[KernelModule, ...] = ()
         self.kernel_module_files: dict[str, Module] = {}
+
+    def use_kernel(self, kernel: Module, adapter: OsAdapter, types: KernelTypes) -> None:
+        """Analyze with this kernel from now on (one read from the guest's memory once
+        connected), at its link address until `relocate_kernel`."""
+        self.kernel, self.adapter, self.kernel_types = kernel, adapter, types
+        self.biases.pop(kernel.name, None)
+        self._spaces.clear()
+
+    def forget_kernel(self) -> None:
+        """Analyze without a kernel again (the one read from memory did not check)."""
+        if self.kernel is not None:
+            self.biases.pop(self.kernel.name, None)
+        self.kernel, self.adapter, self.kernel_types = None, GenericAdapter(), None
+        self.kernel_source = None
+        self._spaces.clear()
 
     @property
     def kernel_bias(self) -> int:

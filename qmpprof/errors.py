@@ -21,6 +21,7 @@ The whole tree (`python -c "import qmpprof.errors"` imports nothing else of qmpp
     │   └── BadRecord            one record that does not check (the reader stops before it)
     ├── OutputError              an output that cannot be written
     ├── KernelMismatch           the --kernel ELF does not name the guest's PCs
+    ├── BadGuestKernel           the kernel's own tables in guest memory do not check (no --kernel)
     └── UsageError               the command line asked for something inconsistent
 
 Two private exceptions never leave their module: `_Stop` (unwind/unwinder.py) ends an
@@ -138,3 +139,8 @@ class BadCapture(QmpprofError):
 class BadRecord(BadCapture):
     """A header or sample record that is not what the writer writes: the reader keeps
     the samples before it and says why it stopped."""
+
+
+class BadGuestKernel(QmpprofError):
+    """What a Linux guest keeps of its own kernel (VMCOREINFO, kallsyms, ORC, BTF) is
+    missing or does not check: qmpprof goes on without the kernel's symbols."""

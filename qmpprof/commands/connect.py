@@ -7,11 +7,13 @@ from collections.abc import AsyncIterator, Callable, Collection
 
 from qmpprof.analysis import Analyzer
 from qmpprof.commands.common import TargetOptions, say_on_stderr
-from qmpprof.errors import UsageError
+from qmpprof.errors import KernelMismatch, UsageError
+from qmpprof.guest.linux.from_memory import GuestKernel
 from qmpprof.record.capture import CaptureConfig, Capturer
+from qmpprof.record.guest_kernel import ADVICE, read_kernel
 from qmpprof.record.kernel_modules import KernelModules
 from qmpprof.record.process_maps import ProcessMaps
-from qmpprof.record.relocation import kernel_slide_of
+from qmpprof.record.relocation import KernelPlacement, kernel_slide_of
 from qmpprof.symbols.kernel_object import ModuleFiles
 from qmpprof.target.memory import MemoryBackend, open_memory
 from qmpprof.target.qmp import QmpSession
@@ -38,7 +40,10 @@ async def connected(
         memory = await open_memory(session, options.memory, options.mem_path)
         config = CaptureConfig(options.stack_bytes, options.cpus, options.unwind_paused)
         try:
-            placed = await kernel_slide_of(session, memory, analyzer)
+            found = None
+            if analyzer.kernel is None:
+                found = await _kernel_from_guest(session, memory, analyzer, notice)
+            placed = await _placement(session, memory, analyzer, found, notice)
             modules = None
             if placed is not None:
                 if placed.slide:
@@ -55,6 +60,45 @@ async def connected(
     finally:
         release(session)
         await session.close()
+
+
+async def _kernel_from_guest(
+    session: QmpSession, memory: MemoryBackend, analyzer: Analyzer, notice: Callable[[str], None]
+) -> GuestKernel | None:
+    """No --kernel: the kernel read from the guest's memory, given to `analyzer`."""
+    found = read_kernel(session, memory, notice)
+    if found is not None:
+        analyzer.use_kernel(found.module, found.adapter, found.types)
+        analyzer.kernel_source = found.describe()
+    return found
+
+
+async def _placement(
+    session: QmpSession,
+    memory: MemoryBackend,
+    analyzer: Analyzer,
+    found: GuestKernel | None,
+    notice: Callable[[str], None],
+) -> KernelPlacement | None:
+    """The kernel's slide (record/relocation.py). A kernel `found` in guest memory is
+    kept only when the IDT's divide-error gate, read through its symbols, gives the
+    slide its VMCOREINFO says; else it is dropped, with one line to `notice`."""
+    if found is None:
+        return await kernel_slide_of(session, memory, analyzer)
+    try:
+        placed = await kernel_slide_of(session, memory, analyzer)
+    except KernelMismatch:
+        placed = None
+    slide = found.info.kernel_offset
+    if placed is not None and placed.slide == slide:
+        return placed
+    seen = "no slide" if placed is None else f"slide {placed.slide:#x}"
+    notice(
+        f"the kernel in guest memory says KASLR slide {slide:#x}, its IDT gives {seen}: "
+        f"not used; {ADVICE}"
+    )
+    analyzer.forget_kernel()
+    return None
 
 
 async def check_cpus(session: QmpSession, cpus: Collection[int]) -> None:

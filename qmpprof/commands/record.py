@@ -151,7 +151,9 @@ def _describe(memory: object) -> str:
 
 def _announce(options: RecordOptions, collector: Collector, memory: str, err: Console) -> None:
     analyzer = collector.analyzer
-    if not analyzer.has_kernel_symbols:
+    if analyzer.kernel_source is not None:
+        say(err, analyzer.kernel_source)
+    elif not analyzer.has_kernel_symbols:
         say(err, "warning: no kernel symbols (--kernel): frames will be raw addresses")
     if options.verbose:
         users = ", ".join(sorted(analyzer.users)) or "none"
@@ -160,7 +162,7 @@ def _announce(options: RecordOptions, collector: Collector, memory: str, err: Co
             f"memory backend: {memory}; OS adapter: {analyzer.adapter.name}; "
             f"user binaries: {users}",
         )
-        if analyzer.kernel is not None:
+        if analyzer.kernel is not None and analyzer.kernel_source is None:
             say(err, kernel_line(analyzer.kernel.path, analyzer.kernel_bias))
         for line in cfi_problems(analyzer, compile_all=True):
             say(err, f"warning: {visible(line)}")
@@ -223,6 +225,8 @@ def maps_problems(stats: MapsStats | None) -> list[str]:
 def _placement(analyzer: Analyzer) -> str | None:
     """The summary's kernel line: only for a kernel that was moved (a KASLR slide)."""
     kernel = analyzer.kernel
+    if analyzer.kernel_source is not None:
+        return analyzer.kernel_source
     if kernel is None or not analyzer.kernel_bias:
         return None
     return kernel_line(kernel.path, analyzer.kernel_bias)

@@ -1,0 +1,89 @@
+"""No --kernel: the guest's Linux kernel read from its own memory (guest/linux/from_memory.py).
+
+Once per connection, before the KASLR check: VMCOREINFO is looked for in guest RAM
+read on this host (only `--memory direct` can look through all of it), where it was
+last time first (remembered per QEMU process, so the next command finds it at once; a
+reboot that moved it costs one scan), then the kernel's kallsyms, ORC and BTF are read
+from its image. What kallsyms decodes to is kept in the derived cache under a digest of
+the tables' bytes, never under the build-id the guest claims. Anything that does not
+check ends here with one line for the user, and qmpprof goes on as without a kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from qmpprof.errors import BadGuestKernel, DirectMemoryUnavailable, MemoryFault
+from qmpprof.guest.linux import vmcoreinfo
+from qmpprof.guest.linux.from_memory import GuestKernel, read_guest_kernel
+from qmpprof.symbols.derived import cache_root
+from qmpprof.target.direct import DirectMemory, qemu_pid
+from qmpprof.target.memory import MemoryBackend
+from qmpprof.target.qmp import QmpSession
+
+#: What to pass when the kernel cannot be read from memory.
+ADVICE = "kernel frames stay unnamed; --kernel VMLINUX names them"
+
+
+def read_kernel(
+    session: QmpSession, memory: MemoryBackend, notice: Callable[[str], None]
+) -> GuestKernel | None:
+    """The guest's kernel from its memory; None, after one line to `notice`, when it
+    cannot be had (not Linux, no VMCOREINFO, memory read through QEMU's monitor)."""
+    if not isinstance(memory, DirectMemory):
+        notice(f"no --kernel, and guest RAM is read through QEMU's monitor: {ADVICE}")
+        return None
+    physical = memory.physical
+    ranges = [(segment.start, segment.end) for segment in physical.segments]
+    remembered = _Remembered.of(session)
+    try:
+        page, info = vmcoreinfo.find(physical.read_physical, ranges, remembered.page())
+        kernel = read_guest_kernel(info, physical.read_physical)
+    except (BadGuestKernel, MemoryFault) as err:
+        notice(f"no --kernel, and the guest's memory gives none: {err}; {ADVICE}")
+        return None
+    remembered.keep(page)
+    return kernel
+
+
+class _Remembered:
+    """Where VMCOREINFO was in one QEMU process's RAM: a file named after the process
+    (pid and start time, so a new QEMU with a reused pid is another), holding the
+    page's physical address."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._path = path
+
+    @classmethod
+    def of(cls, session: QmpSession) -> _Remembered:
+        root = cache_root()
+        try:
+            pid = qemu_pid(session)
+            started = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        except (DirectMemoryUnavailable, OSError, IndexError):
+            return cls(None)
+        if root is None:
+            return cls(None)
+        name = hashlib.sha256(f"{pid}-{started}".encode()).hexdigest()[:32]
+        return cls(root.parent / "vmcoreinfo" / name)
+
+    def page(self) -> int | None:
+        if self._path is None:
+            return None
+        try:
+            return int(self._path.read_text()[:20], 16)
+        except (OSError, ValueError):
+            return None
+
+    def keep(self, page: int) -> None:
+        if self._path is None or self.page() == page:
+            return
+        with contextlib.suppress(OSError):
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            partial = self._path.with_suffix(f".{os.getpid()}")
+            partial.write_text(f"{page:x}\n")
+            partial.replace(self._path)
