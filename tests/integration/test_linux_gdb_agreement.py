@@ -28,6 +28,7 @@ The pauses are drawn from a fixed seed (tests.seeds; QMPPROF_SEED=N draws others
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import re
@@ -177,6 +178,39 @@ class Aliases:
         return [(address, self.name(address, name, comm)) for address, name in frames]
 
 
+class KernelLabels:
+    """The vmlinux's assembly labels inside a sized function (nm -S: a label has no size),
+    e.g. entry_SYSCALL_64_after_hwframe inside entry_SYSCALL_64. kallsyms keeps no sizes,
+    so a kernel read from memory names a pc past such a label by the label, as perf does
+    with /proc/kallsyms; GDB names the function. Agreement then means: the label lies in
+    the function GDB names."""
+
+    def __init__(self, vmlinux: Path) -> None:
+        listed = subprocess.run(
+            ["nm", "-S", "--defined-only", str(vmlinux)], capture_output=True, text=True, check=True
+        )
+        self.functions: list[tuple[int, int, str]] = []
+        self.labels: dict[str, int] = {}
+        for line in listed.stdout.splitlines():
+            fields = line.split()
+            if len(fields) == 4 and fields[2] in "tT" and int(fields[1], 16):
+                start = int(fields[0], 16)
+                self.functions.append((start, start + int(fields[1], 16), fields[3]))
+            elif len(fields) == 3 and fields[1] in "tT":
+                self.labels[fields[2]] = int(fields[0], 16)
+        self.functions.sort()
+
+    def function(self, address: int, name: str | None, slide: int) -> str | None:
+        """The sized function `name` is a label inside, if it is one at `address`."""
+        label = self.labels.get(name or "")
+        index = bisect.bisect_right(self.functions, (address - slide, 1 << 64, "")) - 1
+        if label is None or index < 0:
+            return name
+        start, end, function = self.functions[index]
+        inside = start <= address - slide < end and start <= label < end
+        return function if inside else name
+
+
 class LinuxOracle:
     """GDB's view of each vCPU of the paused Linux guest."""
 
@@ -301,17 +335,18 @@ def kernel_part_agrees(observed: Observed, ours: Frames) -> bool:
 MODULES_START = 0xFFFF_FFFF_C000_0000
 
 
-def without_module_inlines(frames: list[GdbFrame]) -> list[GdbFrame]:
+def without_module_inlines(frames: list[GdbFrame], start: int = MODULES_START) -> list[GdbFrame]:
     """GDB's frames with the calls inlined in a module's code left out: of the frames GDB
     lists at one module address, the last (the function whose code it is). qmpprof reads
     a module's symbols and ORC, not its DWARF (qmpprof/symbols/kernel_object.py), so it
     names module code by its symbol only (seen: GDB's lo_read_simple, do_req_filebacked,
     loop_handle_cmd, loop_process_work at one address of loop.ko, qmpprof's
-    loop_process_work), which issue 15 asks of modules ("at least by name")."""
+    loop_process_work), which issue 15 asks of modules ("at least by name"). `start`:
+    from where on; KERNEL_HALF for a kernel read from memory (kallsyms: no DWARF)."""
     return [
         frame
         for frame, older in zip(frames, [*frames[1:], None], strict=False)
-        if not (frame.address >= MODULES_START and older and older.address == frame.address)
+        if not (frame.address >= start and older and older.address == frame.address)
     ]
 
 
@@ -365,13 +400,27 @@ class Agreement:
     classes: dict[str, ClassTally] = field(
         default_factory=lambda: {kind: ClassTally() for kind in THRESHOLDS}
     )
+    #: qmpprof's frames came without a kernel file: GDB's inlined kernel calls (DWARF
+    #: only) are left out, as for a module.
+    from_memory: bool = False
+    #: The same pauses, qmpprof given no kernel file (measure).
+    memory: Agreement | None = None
+    #: With `from_memory`: the vmlinux's labels, and the guest's slide.
+    labels: KernelLabels | None = None
+    slide: int = 0
 
     def add(self, seen: Observed, frames: Frames) -> None:
         comm = seen.comm
         gdb = self.aliases.gdb
-        gdb_kernel = without_module_inlines(gdb(seen.kernel, comm))
+        inlines_from = KERNEL_HALF if self.from_memory else MODULES_START
+        gdb_kernel = without_module_inlines(gdb(seen.kernel, comm), inlines_from)
         observed = replace(seen, kernel=gdb_kernel, user=gdb(seen.user, comm))
         gdb_leaf_first = observed.kernel or observed.user
+        if self.labels is not None:
+            labels, slide = self.labels, self.slide
+            frames = [
+                (a, labels.function(a, n, slide) if a >= KERNEL_HALF else n) for a, n in frames
+            ]
         ours = without_hidden_inline_leaf(self.aliases.ours(frames, comm), gdb_leaf_first)
         ours_kernel = [(a, n) for a, n in ours if a >= KERNEL_HALF]
         ours_user = [(a, n) for a, n in ours if a < KERNEL_HALF]
@@ -403,12 +452,15 @@ class Agreement:
         return "\n".join(lines)
 
 
-def qmpprof_frames(guest: LinuxGuest, module_dir: Path | None) -> dict[int, Frames]:
+def qmpprof_frames(
+    guest: LinuxGuest, module_dir: Path | None, from_memory: bool = False
+) -> dict[int, Frames]:
+    """`dump --json`'s frames per vCPU, given the debug vmlinux, or with `from_memory`
+    none: the kernel read from the guest's memory."""
     users = [arg for name in PROGRAMS for arg in ("--user", str(BUILD / name))]
     modules = ["--module-dir", str(module_dir)] if module_dir else []
-    done = run_cached(
-        "dump", "--json", "--qmp-socket", guest.qmp, "--kernel", str(guest.kernel), *users, *modules
-    )
+    kernel = [] if from_memory else ["--kernel", str(guest.kernel)]
+    done = run_cached("dump", "--json", "--qmp-socket", guest.qmp, *kernel, *users, *modules)
     assert done.returncode == 0, done.stderr
     return {
         int(vcpu["vcpu"]): [(int(f["address"], 16), f["function"]) for f in vcpu["frames"]]
@@ -417,22 +469,29 @@ def qmpprof_frames(guest: LinuxGuest, module_dir: Path | None) -> dict[int, Fram
 
 
 def measure(guest: LinuxGuest, oracle: LinuxOracle, pauses: int, name: str) -> Agreement:
+    """GDB against qmpprof given the vmlinux, and (`Agreement.memory`) against qmpprof
+    given no kernel file, at the same pauses."""
     rng = seeded(name)
-    result = Agreement(
-        pauses, Aliases.of(guest.kernel), f"{guest.abi}, KASLR {'on' if KASLR else 'off'}"
-    )
+    aliases, said = Aliases.of(guest.kernel), f"{guest.abi}, KASLR {'on' if KASLR else 'off'}"
+    result = Agreement(pauses, aliases, said)
+    result.memory = Agreement(pauses, aliases, f"{said}, no --kernel", from_memory=True)
+    result.memory.labels, result.memory.slide = KernelLabels(guest.kernel), kernel_slide(guest)
     started = time.monotonic()
     for _ in range(pauses):
         oracle.gdb.resume()
         time.sleep(rng.uniform(0.001, 0.05))  # chooses where to pause; not a synchronisation
         oracle.gdb.interrupt()
         ours = qmpprof_frames(guest, oracle.module_dir)
+        from_memory = qmpprof_frames(guest, oracle.module_dir, from_memory=True)
         status = qmp_call(guest.qmp, "query-status")
         assert isinstance(status, dict) and status["status"] == "paused", "qmpprof resumed it"
         for vcpu in range(VCPUS):
-            result.add(oracle.observe(vcpu + 1), ours[vcpu])
-    result.seconds = time.monotonic() - started
+            observed = oracle.observe(vcpu + 1)
+            result.add(observed, ours[vcpu])
+            result.memory.add(observed, from_memory[vcpu])
+    result.seconds = result.memory.seconds = time.monotonic() - started
     print(result.table())
+    print(result.memory.table())
     return result
 
 
@@ -559,5 +618,37 @@ def test_a_wider_sweep_agrees_with_gdb_in_every_class(
 ) -> None:
     """Every threshold at once, over many more pauses; the ORC classes fail until it merges."""
     result = measure(*linux_under_gdb, SWEEP_PAUSES, "linux gdb sweep")
-    failed = [kind for kind in THRESHOLDS if result.classes[kind].agreement < THRESHOLDS[kind]]
-    assert not failed, result.table()
+    for tally in (result, from_memory(result)):
+        failed = [kind for kind in THRESHOLDS if tally.classes[kind].agreement < THRESHOLDS[kind]]
+        assert not failed, tally.table()
+
+
+def from_memory(result: Agreement) -> Agreement:
+    assert result.memory is not None
+    return result.memory
+
+
+def test_user_samples_agree_with_gdb_without_a_kernel_file(agreement: Agreement) -> None:
+    check(from_memory(agreement), USER)
+
+
+def test_idle_samples_agree_with_gdb_without_a_kernel_file(quiet_agreement: Agreement) -> None:
+    check(from_memory(quiet_agreement), IDLE)
+
+
+def test_kernel_thread_samples_agree_with_gdb_without_a_kernel_file(
+    quiet_agreement: Agreement,
+) -> None:
+    check(from_memory(quiet_agreement), KTHREAD)
+
+
+def test_kernel_part_of_user_task_samples_agrees_with_gdb_without_a_kernel_file(
+    agreement: Agreement,
+) -> None:
+    check(from_memory(agreement), USER_TASK_KERNEL)
+
+
+def test_whole_stack_of_user_task_kernel_samples_agrees_with_gdb_without_a_kernel_file(
+    agreement: Agreement,
+) -> None:
+    check(from_memory(agreement), USER_TASK_WHOLE)

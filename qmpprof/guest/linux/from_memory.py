@@ -28,12 +28,19 @@ from qmpprof.guest.adapter import KernelFacts, OsAdapter
 from qmpprof.guest.btf import Btf
 from qmpprof.guest.kernel_types import MemoryTypes
 from qmpprof.guest.linux.adapter import LinuxAdapter
-from qmpprof.guest.linux.kallsyms import Kallsyms, KallsymsTables, read_kallsyms
+from qmpprof.guest.linux.kallsyms import (
+    Kallsyms,
+    KallsymsBytes,
+    KallsymsTables,
+    decode,
+    read_tables,
+)
 from qmpprof.guest.linux.vmcoreinfo import IMAGE_AREA, PhysicalRead, VmcoreInfo
 from qmpprof.memory import WindowMemory
-from qmpprof.model import KERNEL_HALF
+from qmpprof.model import KERNEL_HALF, MemoryWindow
 from qmpprof.modules import Module
-from qmpprof.symbols.elf import Symbol, SymbolTable
+from qmpprof.symbols.derived import FileKey, derived
+from qmpprof.symbols.elf import PlainTable, Symbol, SymbolTable
 from qmpprof.unwind.cfi import CfiTable
 from qmpprof.unwind.orc import ENTRY_SIZE, Layout, OrcTable
 from qmpprof.visible import visible
@@ -86,6 +93,10 @@ class KernelImage:
             raise BadGuestKernel(f"a table of {size} bytes in the kernel image: more than any")
         return self._read(self.info.physical(address), size)
 
+    def read_linked(self, address: int, size: int) -> bytes:
+        """What the vmlinux links at `address`, as the guest has it now."""
+        return self.read((address + self.info.kernel_offset) % (1 << 64), size)
+
 
 def read_guest_kernel(info: VmcoreInfo, read: PhysicalRead) -> GuestKernel:
     """The kernel VMCOREINFO `info` describes (checked already: vmcoreinfo.check).
@@ -94,58 +105,90 @@ def read_guest_kernel(info: VmcoreInfo, read: PhysicalRead) -> GuestKernel:
     stext = info.symbol("_stext")
     if stext is None:
         raise BadGuestKernel("VMCOREINFO without SYMBOL(_stext)")
-    kallsyms = read_kallsyms(KallsymsTables.from_symbols(info.symbol), image.read, stext)
-    table = _Table(kallsyms, info.kernel_offset)
-    start, end = table.link("_stext"), table.link("_etext")
-    if start is None or end is None or not start < end <= start + IMAGE_AREA:
-        raise BadGuestKernel("kallsyms has no _etext after _stext")
-    orc = _orc(image, table, end)
+    raw = read_tables(KallsymsTables.from_symbols(info.symbol), image.read)
+    slide = info.kernel_offset
+    key = FileKey(raw.digest(slide), raw.count, 0)
+    table = derived(key, "guest-kallsyms", lambda: _Table.decode(raw, stext, slide), _plain, _table)
+    if table.kallsyms.find("_stext") != info.link_address(stext):
+        raise BadGuestKernel("kallsyms' _stext is not VMCOREINFO's")
+    orc = _orc(image, table, table.extent[1])
     btf = _btf(image, table)
-    symbols = table.code_symbols(end)
-    code = SymbolTable(NAME, symbols)
-    empty = WindowMemory(())
-    module = Module(NAME, PATH, code, CfiTable([]), empty, None, info.build_id, (start, end), orc)
+    code, text = table.code, _text(image, table)
+    module = Module(NAME, PATH, code, CfiTable([]), text, None, info.build_id, table.extent, orc)
     types = MemoryTypes(table.variables, btf)
     adapter = _adapter(table, types)
-    return GuestKernel(info, module, adapter, types, len(symbols), orc is not None, btf is not None)
+    return GuestKernel(info, module, adapter, types, len(code), orc is not None, btf is not None)
 
 
 class _Table:
-    """kallsyms at link addresses: per-CPU symbols (absolute, below the kernel half)
-    stay as they are; everything else moves back by the slide."""
+    """kallsyms at link addresses (per-CPU symbols, absolute and below the kernel half,
+    stay as they are; the rest move back by the slide), and its code symbols as a
+    SymbolTable, each reaching to the next symbol of any kind."""
 
-    def __init__(self, kallsyms: Kallsyms, slide: int) -> None:
-        self.kallsyms = kallsyms
-        self._slide = slide
+    def __init__(self, kallsyms: Kallsyms, code: SymbolTable, extent: tuple[int, int]) -> None:
+        self.kallsyms, self.code, self.extent = kallsyms, code, extent
 
-    def _link(self, address: int) -> int:
-        return address - self._slide if address >= KERNEL_HALF else address
-
-    def link(self, name: str) -> int | None:
-        found = self.kallsyms.find(name)
-        return None if found is None else self._link(found)
+    @classmethod
+    def decode(cls, raw: KallsymsBytes, stext: int, slide: int) -> _Table:
+        """Raises BadGuestKernel."""
+        found = decode(raw, stext)
+        linked = [a - slide if a >= KERNEL_HALF else a for a in found.addresses]
+        kallsyms = Kallsyms(linked, found.types, found.names)
+        start, end = kallsyms.find("_stext"), kallsyms.find("_etext")
+        if start is None or end is None or not start < end <= start + IMAGE_AREA:
+            raise BadGuestKernel("kallsyms has no _etext after _stext")
+        # Boot code (start_kernel) is still on the boot CPU's idle stack: its ORC stays.
+        init = kallsyms.find("_einittext") or end
+        end = init if end < init <= start + IMAGE_AREA else end
+        return cls(kallsyms, SymbolTable(NAME, _code_symbols(kallsyms, end)), (start, end))
 
     def variables(self, names: Collection[str]) -> dict[str, int]:
         """The link address of each of `names` kallsyms has (the first of a name)."""
         wanted, found = set(names), {}
         for address, name in zip(self.kallsyms.addresses, self.kallsyms.names, strict=True):
             if name in wanted and name not in found:
-                found[name] = self._link(address)
+                found[name] = address
         return found
 
-    def code_symbols(self, end: int) -> list[Symbol]:
-        """The code symbols, each up to the next symbol of any kind (the last to `end`)."""
-        k = self.kallsyms
-        starts = sorted({self._link(a) for a in k.addresses if a >= KERNEL_HALF})
-        symbols = []
-        for address, kind, name in zip(k.addresses, k.types, k.names, strict=True):
-            if kind not in _CODE_TYPES or address < KERNEL_HALF:
-                continue
-            at = self._link(address)
-            index = bisect.bisect_right(starts, at)
-            following = starts[index] if index < len(starts) else end
-            symbols.append(Symbol(name, at, max(min(following, max(end, at + 1)) - at, 1)))
-        return symbols
+
+def _code_symbols(kallsyms: Kallsyms, end: int) -> list[Symbol]:
+    """The code symbols, each up to the next symbol of any kind (the last to `end`)."""
+    starts = sorted({a for a in kallsyms.addresses if a >= KERNEL_HALF})
+    symbols = []
+    for at, kind, name in zip(kallsyms.addresses, kallsyms.types, kallsyms.names, strict=True):
+        if kind not in _CODE_TYPES or at < KERNEL_HALF:
+            continue
+        index = bisect.bisect_right(starts, at)
+        following = starts[index] if index < len(starts) else max(end, at + 1)
+        symbols.append(Symbol(name, at, following - at))
+    return symbols
+
+
+_PlainTable = tuple[list[int], str, list[str], PlainTable, tuple[int, int]]
+
+
+def _plain(table: _Table) -> _PlainTable:
+    k = table.kallsyms
+    return k.addresses, k.types, k.names, table.code.plain(), table.extent
+
+
+def _table(plain: _PlainTable) -> _Table:
+    addresses, types, names, code, (start, end) = plain
+    if not len(addresses) == len(types) == len(names):
+        raise ValueError("kallsyms columns of different lengths")
+    kallsyms = Kallsyms(list(addresses), str(types), list(names))
+    return _Table(kallsyms, SymbolTable.from_plain(NAME, code), (int(start), int(end)))
+
+
+def _text(image: KernelImage, table: _Table) -> WindowMemory:
+    """The kernel's text as it runs (alternatives applied), for the unwinder's checks of a
+    return address; its boot code is freed, so not read."""
+    span = _span(table, "_stext", "_etext")
+    try:
+        data = image.read_linked(*span) if span is not None else b""
+    except (MemoryFault, BadGuestKernel):
+        data = b""
+    return WindowMemory([MemoryWindow(span[0], data)] if span and data else [])
 
 
 def _span(table: _Table, first: str, last: str) -> tuple[int, int] | None:
@@ -163,12 +206,11 @@ def _orc(image: KernelImage, table: _Table, end: int) -> OrcTable | None:
     if ips is None or entries is None or ips[1] // 4 != entries[1] // ENTRY_SIZE:
         return None
     try:
-        offsets, data = image.read(*ips), image.read(*entries)
+        offsets, data = image.read_linked(*ips), image.read_linked(*entries)
     except (MemoryFault, BadGuestKernel):
         return None
     layout = Layout.FROM_6_4 if table.kallsyms.find("__start_orc_header") else Layout.BEFORE_6_4
-    base = ips[0] - image.info.kernel_offset  # the ip offsets are relative to themselves
-    return OrcTable(offsets, base, data, layout, end)
+    return OrcTable(offsets, ips[0], data, layout, end)
 
 
 def _btf(image: KernelImage, table: _Table) -> Btf | None:
@@ -176,7 +218,7 @@ def _btf(image: KernelImage, table: _Table) -> Btf | None:
     if span is None:
         return None
     try:
-        return Btf(image.read(*span))
+        return Btf(image.read_linked(*span))
     except (MemoryFault, BadGuestKernel, BadBtf):
         return None
 

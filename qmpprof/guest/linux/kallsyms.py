@@ -21,6 +21,7 @@ a size fixed before it is made, and a table that does not check is BadGuestKerne
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from array import array
 from collections.abc import Callable, Iterator
@@ -76,7 +77,7 @@ class KallsymsTables:
 
 @dataclass(frozen=True)
 class Kallsyms:
-    """Every symbol, in the table's order: runtime addresses, type letters and names."""
+    """Every symbol, in the table's order: addresses, type letters and names."""
 
     addresses: list[int]
     types: str
@@ -86,28 +87,66 @@ class Kallsyms:
         return len(self.names)
 
     def find(self, name: str) -> int | None:
-        """The runtime address of the first symbol called `name`."""
+        """The address of the first symbol called `name`."""
         try:
             return self.addresses[self.names.index(name)]
         except ValueError:
             return None
 
 
-def read_kallsyms(tables: KallsymsTables, read: ImageRead, stext: int) -> Kallsyms:
-    """Decode the kernel's kallsyms. `stext`: VMCOREINFO's `_stext`, which the decoded
-    table must agree with. Raises BadGuestKernel."""
+@dataclass(frozen=True)
+class KallsymsBytes:
+    """The tables' bytes as the guest has them: all `decode` needs, and what names them
+    in a cache (`digest`)."""
+
+    count: int
+    token_index: bytes
+    token_table: bytes
+    names: bytes
+    #: kallsyms_offsets' bytes and where they are, or kallsyms_addresses' (`absolute`).
+    offsets: bytes
+    offsets_at: int
+    relative_base: int
+    absolute: bool
+
+    def digest(self, slide: int) -> bytes:
+        """What these tables decode to, less the slide: a derived-cache key."""
+        hashed = hashlib.sha256()
+        fixed = (self.count, self.relative_base - slide, self.offsets_at - slide, self.absolute)
+        hashed.update(repr(fixed).encode())
+        for part in (self.token_index, self.token_table, self.names, self.offsets):
+            hashed.update(len(part).to_bytes(8, "little"))
+            hashed.update(part)
+        return hashed.digest()[:20]
+
+
+def read_tables(tables: KallsymsTables, read: ImageRead) -> KallsymsBytes:
+    """The tables' bytes, each read once and bounded. Raises BadGuestKernel."""
     try:
         count = _u32(read(tables.count, 4))
         if not 0 < count <= MAX_SYMBOLS:
             raise BadGuestKernel(f"kallsyms says it has {count} symbols")
-        tokens = _tokens(read(tables.token_index, 2 * _TOKENS), tables.token_table, read)
-        types, names = _names(tables.names, count, tokens, read)
-        addresses = _addresses(tables, count, names, read, stext)
+        index = read(tables.token_index, 2 * _TOKENS)
+        size = max(array("H", index)) + _TOKENS
+        if size > MAX_TOKEN_TABLE:
+            raise BadGuestKernel("kallsyms' token table is larger than any kernel's")
+        token_table = read(tables.token_table, size)
+        names = _names_bytes(tables.names, count, read)
+        if tables.offsets is not None:
+            base = 0
+            if tables.relative_base is not None:
+                base = struct.unpack("<Q", read(tables.relative_base, 8))[0]
+            offsets = read(tables.offsets, 4 * count)
+            return KallsymsBytes(
+                count, index, token_table, names, offsets, tables.offsets, base, False
+            )
+        assert tables.addresses is not None  # from_symbols makes sure of one of them
+        addresses = read(tables.addresses, 8 * count)
+        return KallsymsBytes(count, index, token_table, names, addresses, tables.addresses, 0, True)
     except MemoryFault as fault:
         raise BadGuestKernel(
             f"kallsyms runs into unreadable memory at {fault.address:#x}"
         ) from fault
-    return Kallsyms(addresses, types, names)
 
 
 def _u32(data: bytes) -> int:
@@ -115,53 +154,64 @@ def _u32(data: bytes) -> int:
     return value
 
 
-def _tokens(index_bytes: bytes, table: int, read: ImageRead) -> list[str]:
-    starts = array("H", index_bytes)
-    if len(starts) != _TOKENS:
-        raise BadGuestKernel("kallsyms' token index is short")
-    size = max(starts) + _TOKENS
-    if size > MAX_TOKEN_TABLE:
-        raise BadGuestKernel("kallsyms' token table is larger than any kernel's")
-    data = read(table, size)
-    tokens = []
-    for start in starts:
-        end = data.find(b"\0", start)
-        if end < 0:
-            raise BadGuestKernel("a kallsyms token runs past its table")
-        tokens.append(data[start:end].decode("latin-1"))
-    return tokens
-
-
-class _Names:
-    """kallsyms_names, read a piece at a time as the decoding reaches it."""
-
-    def __init__(self, start: int, limit: int, read: ImageRead) -> None:
-        self._start, self._limit, self._read = start, limit, read
-        self.data = bytearray()
-
-    def have(self, end: int) -> None:
-        """Make sure `data` holds the first `end` bytes."""
-        while len(self.data) < end:
-            if len(self.data) >= self._limit:
-                raise BadGuestKernel("kallsyms_names runs past any kernel's")
-            size = min(NAMES_CHUNK, self._limit - len(self.data))
-            self.data += self._read(self._start + len(self.data), size)
-
-
-def _names(start: int, count: int, tokens: list[str], read: ImageRead) -> tuple[str, list[str]]:
-    source = _Names(start, count * (2 + MAX_NAME_TOKENS), read)
-    types: list[str] = []
-    names: list[str] = []
+def _names_bytes(start: int, count: int, read: ImageRead) -> bytes:
+    """kallsyms_names up to the end of its last name: each length read, the tokens skipped,
+    a piece at a time (the table's size is written nowhere)."""
+    limit = count * (2 + MAX_NAME_TOKENS)
+    data = bytearray()
     at = 0
     for _ in range(count):
-        source.have(at + 2 + MAX_NAME_TOKENS)  # the longest a name can be
-        data = source.data
+        while len(data) < min(at + 2 + MAX_NAME_TOKENS, limit):
+            data += read(start + len(data), min(NAMES_CHUNK, limit - len(data)))
         length = data[at]
         if length & 0x80:
             length, at = (length & 0x7F) | data[at + 1] << 7, at + 2
         else:
             at += 1
-        if not 0 < length <= MAX_NAME_TOKENS:
+        if length > MAX_NAME_TOKENS:
+            raise BadGuestKernel("a kallsyms name longer than any")
+        at += length
+    if at > len(data):
+        raise BadGuestKernel("kallsyms_names runs past any kernel's")
+    return bytes(data[:at])
+
+
+def decode(raw: KallsymsBytes, stext: int) -> Kallsyms:
+    """The symbols the tables hold, at the addresses the guest runs them (the encoding
+    that puts `_stext` at `stext`). Raises BadGuestKernel."""
+    width = 8 if raw.absolute else 4
+    if not 0 < raw.count <= MAX_SYMBOLS or len(raw.offsets) != width * raw.count:
+        raise BadGuestKernel("kallsyms' address table does not fit its count")
+    if len(raw.token_index) != 2 * _TOKENS:
+        raise BadGuestKernel("kallsyms' token index is short")
+    tokens = _tokens(raw.token_index, raw.token_table)
+    types, names = _names(raw.names, raw.count, tokens)
+    return Kallsyms(_addresses(raw, names, stext), types, names)
+
+
+def _tokens(index: bytes, table: bytes) -> list[str]:
+    tokens = []
+    for start in array("H", index):
+        end = table.find(b"\0", start)
+        if end < 0:
+            raise BadGuestKernel("a kallsyms token runs past its table")
+        tokens.append(table[start:end].decode("latin-1"))
+    return tokens
+
+
+def _names(data: bytes, count: int, tokens: list[str]) -> tuple[str, list[str]]:
+    types: list[str] = []
+    names: list[str] = []
+    at = 0
+    for _ in range(count):
+        if at >= len(data):
+            raise BadGuestKernel("kallsyms_names ends before its last name")
+        length = data[at]
+        if length & 0x80 and at + 1 < len(data):
+            length, at = (length & 0x7F) | data[at + 1] << 7, at + 2
+        else:
+            at += 1
+        if not 0 < length <= MAX_NAME_TOKENS or at + length > len(data):
             raise BadGuestKernel("a kallsyms name of no length, or longer than any")
         name = "".join([tokens[token] for token in data[at : at + length]])
         at += length
@@ -182,31 +232,22 @@ _ENCODINGS: tuple[_Decode, ...] = (
 )
 
 
-def _addresses(
-    tables: KallsymsTables, count: int, names: list[str], read: ImageRead, stext: int
-) -> list[int]:
+def _addresses(raw: KallsymsBytes, names: list[str], stext: int) -> list[int]:
     try:
         anchor = names.index("_stext")
     except ValueError:
         raise BadGuestKernel("kallsyms has no _stext") from None
-    for decoded in _decodings(tables, count, read):
-        if decoded(anchor) == stext:
-            return [decoded(i) % _ADDRESS_SPACE for i in range(count)]
+    for decoded in _decodings(raw):
+        if decoded(anchor) % _ADDRESS_SPACE == stext:
+            return [decoded(i) % _ADDRESS_SPACE for i in range(raw.count)]
     raise BadGuestKernel(f"no decoding of kallsyms puts _stext at {stext:#x}, as VMCOREINFO does")
 
 
-def _decodings(
-    tables: KallsymsTables, count: int, read: ImageRead
-) -> Iterator[Callable[[int], int]]:
+def _decodings(raw: KallsymsBytes) -> Iterator[Callable[[int], int]]:
     """Each way the table's addresses may be encoded, as index -> address."""
-    if tables.offsets is not None:
-        offsets = array("i", read(tables.offsets, 4 * count))
-        start = tables.offsets
-        base = 0
-        if tables.relative_base is not None:
-            base = struct.unpack("<Q", read(tables.relative_base, 8))[0]
-        for decode in _ENCODINGS:
-            yield lambda i, decode=decode: decode(offsets[i], base, start + 4 * i)  # type: ignore[misc]
-    if tables.addresses is not None:
-        absolute = array("Q", read(tables.addresses, 8 * count))
-        yield absolute.__getitem__
+    if raw.absolute:
+        yield array("Q", raw.offsets).__getitem__
+        return
+    offsets, base, start = array("i", raw.offsets), raw.relative_base, raw.offsets_at
+    for decode in _ENCODINGS:
+        yield lambda i, decode=decode: decode(offsets[i], base, start + 4 * i)  # type: ignore[misc]

@@ -168,17 +168,19 @@ def find(
     candidates = _candidates(read, ranges)
     if hint is not None:
         candidates = _chain([hint], candidates)
-    for count, page in enumerate(candidates):
-        if count >= MAX_CANDIDATES:
-            break
+    tried = 0
+    for page in candidates:
         try:
             text = page_text(read(page, PAGE_SIZE))
             if text is None:
                 continue
+            tried += 1
             info = parse(text)
             check(info, read)
         except (BadGuestKernel, MemoryFault) as err:
-            problem = str(err)
+            problem = f"{tried} VMCOREINFO pages in guest RAM, none checks (the last: {err})"
+            if tried >= MAX_CANDIDATES:
+                break
             continue
         return page, info
     raise BadGuestKernel(problem)
