@@ -3,7 +3,9 @@
 # an SVG flame graph), print the hottest stacks, stop the guest. Run from the repository
 # root with qmpprof on PATH. WORKLOAD=user profiles the guest's processes on two vCPUs.
 # GUEST=linux boots Debian's kernel (examples/linux, KASLR on, 2 vCPUs; KERNEL_ABI picks
-# the kernel) with its workloads instead, and profiles kernel and user space together.
+# the kernel) with its workloads instead, and profiles kernel and user space together
+# with no kernel file and no sysroot: the kernel is read from the guest's memory, libc
+# from its processes' (only the example's own static programs are given, with --user).
 # DURATION (seconds, 10) and DEMO_OUT (the output directory, demo) change the defaults.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,9 +24,10 @@ if [[ $GUEST == linux ]]; then
     while IFS='=' read -r key value; do
         linux[$key]=$value
     done < <(examples/linux/boot.sh --qmp "$out/qmp.sock" --serial "$out/serial.log" --smp 2 \
-                 ${KERNEL_ABI:+--abi "$KERNEL_ABI"})
+                 --workloads crunch,sysloop,pinned,dynwork ${KERNEL_ABI:+--abi "$KERNEL_ABI"})
     trap 'examples/linux/boot.sh stop "${linux[pid]}"' EXIT
-    echo "guest running (QEMU pid ${linux[pid]}, kernel ${linux[kernel]}); profiling for $DURATION s..."
+    echo "guest running (QEMU pid ${linux[pid]}); profiling for $DURATION s with no kernel file"
+    echo "and no sysroot: the kernel's symbols, ORC and BTF come from the guest's memory..."
     users=()
     for workload in examples/linux/workloads/*.c; do
         name=$(basename "$workload" .c)
@@ -32,8 +35,7 @@ if [[ $GUEST == linux ]]; then
         [[ -x examples/linux/build/$name ]] && users+=(--user "examples/linux/build/$name")
         [[ $name == crunch ]] && users+=(--user examples/linux/build/crunchnofp)
     done
-    qmpprof record --qmp-socket "${linux[qmp]}" --kernel "${linux[kernel]}" \
-        "${users[@]}" --sysroot examples/linux/build/sysroot --duration "$DURATION" \
+    qmpprof record --qmp-socket "${linux[qmp]}" "${users[@]}" --duration "$DURATION" \
         -o "$out/profile.folded" -o "$out/flamegraph.svg"
     echo
     echo "open $out/flamegraph.svg in a browser; $out/profile.folded works with speedscope,"

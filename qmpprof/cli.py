@@ -182,6 +182,14 @@ def _add_binary_arguments(parser: argparse.ArgumentParser) -> None:
         "libraries, each used only if its build-id is the guest's copy's",
     )
     add(
+        "--debuginfod",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a debuginfod server: the kernel's and each guest file's debug file fetched by "
+        "build-id (default: DEBUGINFOD_URLS; cached where GDB and perf keep theirs); repeatable",
+    )
+    add(
         "--user-dir",
         type=Path,
         action="append",
@@ -341,6 +349,7 @@ def _target_options(args: argparse.Namespace) -> TargetOptions:
         user_files=tuple(args.user),
         sysroot=args.sysroot,
         module_dirs=tuple(args.module_dir),
+        debuginfod=tuple(getattr(args, "debuginfod", ())),
         memory=getattr(args, "memory", "auto"),
         mem_path=getattr(args, "mem_path", None),
         stack_bytes=getattr(args, "stack_bytes", DEFAULT_STACK_BYTES),

@@ -24,6 +24,7 @@ from pathlib import Path, PurePosixPath
 from qmpprof.errors import BadElf
 from qmpprof.model import FileMapping
 from qmpprof.modules import Module, load_module
+from qmpprof.symbols.debuginfod import Debuginfod
 
 #: Where Debian (and most distributions) keep separate debug files by build-id.
 DEBUG_BY_BUILD_ID = PurePosixPath("usr/lib/debug/.build-id")
@@ -56,8 +57,11 @@ class UserFiles:
         sysroot: Path | None = None,
         directories: Iterable[Path] = (),
         files: Iterable[Path] = (),
+        servers: Debuginfod | None = None,
     ) -> None:
+        """`servers`: debuginfod, asked by build-id for a file found nowhere else."""
         self.sysroot = sysroot.resolve() if sysroot is not None else None
+        self.servers = servers
         self._directories = tuple(directories)
         self._named = {_stem(p.name): p for p in files}
         self._loaded: dict[tuple[str, bytes | None], Module | None] = {}
@@ -72,7 +76,7 @@ class UserFiles:
     @property
     def searching(self) -> bool:
         """Whether there is anywhere to look at all."""
-        return bool(self.sysroot or self._directories or self._named)
+        return bool(self.sysroot or self._directories or self._named or self.servers)
 
     def module_for(self, mapping: FileMapping) -> Module | None:
         """The checked host copy of the file `mapping` maps, or None."""
@@ -106,7 +110,22 @@ class UserFiles:
             if build_id is None and not needs_build_id:
                 return module
             self.mismatches[guest_path] = Mismatch(guest_path, host_path, build_id, module.build_id)
-        return None
+        return self._from_servers(guest_path, build_id)
+
+    def _from_servers(self, guest_path: str, build_id: bytes | None) -> Module | None:
+        """The file with `build_id` from debuginfod, with its debug file's symbols (the
+        client checks both are that build's)."""
+        if self.servers is None or build_id is None:
+            return None
+        executable = self.servers.executable(build_id)
+        if executable is None:
+            return None
+        try:
+            name = PurePosixPath(guest_path).name or guest_path
+            return load_module(executable, name, debug=self.servers.debuginfo(build_id))
+        except BadElf as err:
+            self.unreadable[executable] = str(err)
+            return None
 
     def _candidates(self, guest_path: str) -> list[tuple[Path, bool]]:
         """Host paths to try, each with whether only a build-id match may use it."""

@@ -16,6 +16,8 @@ SEED = int(os.environ.get("QMPPROF_SEED", "0"))
 #: qmpprof the tests start, in this process or as a child, reads its ELF files afresh.
 #: The tests of the cache itself give it a directory of their own.
 os.environ["QMPPROF_DERIVED_CACHE"] = "off"
+# No test asks a debuginfod server it did not start itself (Debian's profile.d sets one).
+os.environ.pop("DEBUGINFOD_URLS", None)
 
 #: Hypothesis's time limits (a deadline per example, the too_slow health check on
 #: drawing) are timing thresholds: a loaded host would fail them. A test that sets its

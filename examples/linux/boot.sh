@@ -4,10 +4,11 @@
 #
 #   boot.sh --qmp SOCKET [--gdb SOCKET|PORT] [--smp N] [--serial LOG] [--timeout SEC]
 #           [--nokaslr] [--abi ABI] [--extra-qmp SOCKET] [--workloads a,b]
-#           [--memory-backend PATH] [--append 'KERNEL ARGS']
+#           [--memory-backend PATH] [--append 'KERNEL ARGS'] [--ram SIZE]
 #   boot.sh stop PID
 #
 # --append adds kernel command-line arguments (e.g. 'pti=on').
+# --ram sets the guest's memory (default 256M; e.g. 2G).
 # --memory-backend keeps the guest's RAM in the file PATH (shared), which qmpprof
 # --mem-path PATH maps to read guest memory without system calls.
 # --abi picks the kernel (default $KERNEL_ABI, else fetch.sh's first; `fetch.sh --list`).
@@ -47,7 +48,8 @@ while [[ $# -gt 0 ]]; do
         --workloads) workloads=${2:?--workloads needs a value}; shift 2 ;;
         --memory-backend) membackend=${2:?--memory-backend needs a value}; shift 2 ;;
         --append) append=${2:?--append needs a value}; shift 2 ;;
-        -h|--help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
+        --ram) MEMORY=${2:?--ram needs a value}; shift 2 ;;
+        -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
         *) die "unknown argument '$1'" ;;
     esac
 done
@@ -55,6 +57,7 @@ done
 [[ $smp =~ ^[1-9][0-9]*$ ]] || die "--smp must be a positive integer"
 [[ $timeout =~ ^[1-9][0-9]*$ ]] || die "--timeout must be a positive integer (seconds)"
 [[ $workloads =~ ^[a-z,]*$ ]] || die "--workloads takes names like crunch,sleeper"
+[[ $MEMORY =~ ^[1-9][0-9]*[MG]$ ]] || die "--ram takes a size like 256M or 2G"
 [[ $append =~ ^[A-Za-z0-9_.,=\ -]*$ ]] || die "--append takes plain kernel arguments like 'pti=on'"
 command -v "$QEMU" >/dev/null || die "$QEMU not found"
 qmp=$(realpath -m -- "$qmp")

@@ -16,6 +16,7 @@ from qmpprof.guest.kernel_types import ElfTypes
 from qmpprof.guest.registry import choose_adapter
 from qmpprof.model import FileMapping
 from qmpprof.modules import load_module, load_user_modules
+from qmpprof.symbols.debuginfod import Debuginfod
 from qmpprof.unwind.unwinder import Strategy
 from qmpprof.user_files import UserFiles
 from qmpprof.visible import visible
@@ -41,6 +42,8 @@ class TargetOptions:
     cpus: tuple[int, ...] = field(default=())
     #: Unwind while the VM is paused even where its RAM is read on this host.
     unwind_paused: bool = False
+    #: debuginfod servers (--debuginfod), else DEBUGINFOD_URLS's.
+    debuginfod: tuple[str, ...] = ()
 
 
 def build_analyzer(options: TargetOptions) -> Analyzer:
@@ -50,12 +53,40 @@ def build_analyzer(options: TargetOptions) -> Analyzer:
     for directory in (*options.module_dirs, *([options.sysroot] if options.sysroot else [])):
         if not directory.is_dir():
             raise BadElf(str(directory), "not a directory")
-    files = UserFiles(options.sysroot, options.user_dirs, options.user_files)
+    servers = debuginfod_client(options)
+    files = UserFiles(options.sysroot, options.user_dirs, options.user_files, servers)
     adapter = _adapter(options.kernel)
     types = ElfTypes(options.kernel) if options.kernel is not None else None
     return Analyzer(
         kernel, users, adapter, options.unwind, options.max_depth, files=files, kernel_types=types
     )
+
+
+def debuginfod_client(options: TargetOptions) -> Debuginfod | None:
+    """The debuginfod servers to ask (--debuginfod, else DEBUGINFOD_URLS), telling on
+    stderr what they lack and how far a large download is; None without any."""
+    return Debuginfod.from_environment(
+        options.debuginfod, progress=DownloadProgress(say_on_stderr), notice=say_on_stderr
+    )
+
+
+class DownloadProgress:
+    """One line on stderr per tenth of a large download (a vmlinux's debug file is
+    600 MB): `debuginfod: 120 of 640 MB`."""
+
+    LARGE = 16 << 20
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self._say = say
+        self._shown = -1
+
+    def __call__(self, done: int, total: int | None) -> None:
+        if total is None or total < self.LARGE:
+            return
+        tenth = done * 10 // total
+        if tenth != self._shown:
+            self._shown = tenth
+            self._say(f"debuginfod: {done >> 20} of {total >> 20} MB")
 
 
 def cfi_problems(analyzer: Analyzer, compile_all: bool) -> list[str]:

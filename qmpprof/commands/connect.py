@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable, Collection
+from pathlib import Path
 
 from qmpprof.analysis import Analyzer
 from qmpprof.commands.common import TargetOptions, say_on_stderr
-from qmpprof.errors import KernelMismatch, UsageError
+from qmpprof.errors import BadElf, KernelMismatch, UsageError
+from qmpprof.guest.kernel_types import ElfTypes
 from qmpprof.guest.linux.from_memory import GuestKernel
+from qmpprof.guest.registry import choose_adapter
+from qmpprof.modules import load_module
 from qmpprof.record.capture import CaptureConfig, Capturer
 from qmpprof.record.guest_kernel import ADVICE, read_kernel
 from qmpprof.record.kernel_modules import KernelModules
@@ -18,6 +22,7 @@ from qmpprof.symbols.kernel_object import ModuleFiles
 from qmpprof.target.memory import MemoryBackend, open_memory
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.recovery import claim, release
+from qmpprof.visible import visible
 
 
 @contextlib.asynccontextmanager
@@ -67,10 +72,34 @@ async def _kernel_from_guest(
 ) -> GuestKernel | None:
     """No --kernel: the kernel read from the guest's memory, given to `analyzer`."""
     found = read_kernel(session, memory, notice)
-    if found is not None:
-        analyzer.use_kernel(found.module, found.adapter, found.types)
-        analyzer.kernel_source = found.describe()
+    if found is None:
+        return None
+    analyzer.use_kernel(found.module, found.adapter, found.types)
+    analyzer.kernel_source = found.describe()
+    servers = analyzer.files.servers
+    vmlinux = servers.debuginfo(found.info.build_id) if servers and found.info.build_id else None
+    if vmlinux is not None:
+        _use_vmlinux(analyzer, vmlinux, found, notice)
     return found
+
+
+def _use_vmlinux(
+    analyzer: Analyzer, vmlinux: Path, found: GuestKernel, notice: Callable[[str], None]
+) -> None:
+    """The guest kernel's own debug file, fetched by its build-id: inlined frames and
+    source lines, as with --kernel (its banner is checked against the guest's as with
+    --kernel). One that does not load leaves the kernel read from memory."""
+    try:
+        module = load_module(vmlinux)
+    except BadElf as err:
+        notice(f"debuginfod's vmlinux for {visible(found.info.release)} is unusable: {err}")
+        return
+    analyzer.use_kernel(module, choose_adapter(vmlinux), ElfTypes(vmlinux))
+    build = found.info.build_id.hex()[:12] if found.info.build_id else "?"
+    analyzer.kernel_source = (
+        f"kernel: {visible(found.info.release)} (build-id {build}…) from debuginfod: "
+        f"{visible(str(vmlinux))}; KASLR slide {found.info.kernel_offset:#x}"
+    )
 
 
 async def _placement(

@@ -51,12 +51,14 @@ atexit.register(shutil.rmtree, SESSION_CACHE, ignore_errors=True)
 
 
 def run_qmpprof(
-    *args: str, timeout: float = 120, cached: bool = False
+    *args: str, timeout: float = 120, cached: bool = False, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """qmpprof as a user runs it: a separate process, its exit code, stdout and stderr.
     `cached`: with this session's derived cache (for ELF files no test changes), else
-    none (tests/conftest.py)."""
-    environment = {**os.environ, "QMPPROF_DERIVED_CACHE": SESSION_CACHE} if cached else None
+    none (tests/conftest.py). `env`: more environment variables."""
+    environment = {**os.environ, **(env or {})}
+    if cached:
+        environment["QMPPROF_DERIVED_CACHE"] = SESSION_CACHE
     return subprocess.run(
         [sys.executable, "-m", "qmpprof", *args],
         capture_output=True,
@@ -66,9 +68,11 @@ def run_qmpprof(
     )
 
 
-def run_cached(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_cached(
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """run_qmpprof with this session's derived cache (the Linux guests' files)."""
-    return run_qmpprof(*args, timeout=timeout, cached=True)
+    return run_qmpprof(*args, timeout=timeout, cached=True, env=env)
 
 
 def record_args(qmp: str, kernel: Path, seconds: int, output: Path, *extra: str) -> list[str]:

@@ -207,7 +207,8 @@ class KernelLabels:
         if label is None or index < 0:
             return name
         start, end, function = self.functions[index]
-        inside = start <= address - slide < end and start <= label < end
+        # A return address may be the function's end (its last instruction is a call).
+        inside = start <= address - slide <= end and start <= label < end
         return function if inside else name
 
 

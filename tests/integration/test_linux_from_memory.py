@@ -1,0 +1,196 @@
+"""No --kernel: the Linux example guest's kernel read from its own memory, against
+oracles nobody here wrote.
+
+Each Debian kernel the tests boot (`fetch.sh --list`: 6.1 and 6.12), KASLR on, 2 vCPUs,
+its RAM in a file (so the test can read it, and corrupt it, as a hostile guest could):
+- what qmpprof decodes from the guest (guest/linux/from_memory.py over the RAM file) is
+  the debug vmlinux's, as binutils reads it: every code symbol at nm's address plus the
+  slide the guest itself reports (/proc/kallsyms, printed by init); the ORC rows and
+  the BTF layouts the same as from the vmlinux's own sections;
+- `qmpprof --qmp-socket S --duration N` with no kernel file says where the kernel came
+  from and names kernel frames and processes;
+- a VMCOREINFO or a kallsyms table corrupted in guest memory: one line, the recording
+  goes on without kernel symbols, no frame named, no traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import random
+import struct
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from qmpprof.guest.dwarf_types import read_layout
+from qmpprof.guest.linux import vmcoreinfo
+from qmpprof.guest.linux.from_memory import GuestKernel, read_guest_kernel
+from qmpprof.symbols.elf_file import open_elf
+from qmpprof.unwind.orc import read_orc
+from tests.integration.conftest import run_cached
+from tests.linux_vm import LinuxGuest, kernel_abis, kernel_slide, nm_symbols, running_linux
+
+pytestmark = pytest.mark.integration
+
+PAGE = 4096
+
+
+class GuestRam:
+    """The guest's RAM file, mapped writable: QEMU shares it (memory-backend-file,
+    share=on), so a write here is the guest's memory changing under it. Below 3 GiB
+    (these guests have 256 MiB) a file offset is the physical address."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = path.open("r+b")
+        self.map = mmap.mmap(self._file.fileno(), 0)
+
+    def read(self, address: int, size: int) -> bytes:
+        return self.map[address : address + size]
+
+    def close(self) -> None:
+        self.map.close()
+        self._file.close()
+
+    @contextlib.contextmanager
+    def overwritten(self, address: int, data: bytes) -> Iterator[None]:
+        """`data` at `address` while the block runs; the old bytes back afterwards."""
+        old = self.map[address : address + len(data)]
+        self.map[address : address + len(data)] = data
+        try:
+            yield
+        finally:
+            self.map[address : address + len(data)] = old
+
+
+@pytest.fixture(scope="module", params=kernel_abis())
+def linux(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[LinuxGuest, GuestRam]]:
+    workdir = tmp_path_factory.mktemp("linux-memory")
+    ram_file = workdir / "ram"
+    with running_linux(workdir, "--memory-backend", str(ram_file), abi=request.param) as guest:
+        ram = GuestRam(ram_file)
+        try:
+            yield guest, ram
+        finally:
+            ram.close()
+
+
+def from_memory(ram: GuestRam) -> tuple[int, GuestKernel]:
+    page, info = vmcoreinfo.find(ram.read, [(0, len(ram.map))])
+    return page, read_guest_kernel(info, ram.read)
+
+
+def test_the_kernel_s_symbols_are_the_vmlinux_s_where_the_guest_says(
+    linux: tuple[LinuxGuest, GuestRam],
+) -> None:
+    guest, ram = linux
+    _, kernel = from_memory(ram)
+    slide = kernel_slide(guest)  # from the guest's own /proc/kallsyms
+    assert kernel.info.kernel_offset == slide
+    assert kernel.info.release == guest.abi
+    nm = nm_symbols(guest.kernel)
+    symbols = list(kernel.module.symbols)
+    agreeing = sum(s.address in nm.get(s.name, ()) for s in symbols)
+    assert len(symbols) > 40_000
+    assert agreeing / len(symbols) > 0.999
+    readelf = subprocess.run(
+        ["readelf", "-n", str(guest.kernel)], capture_output=True, text=True, check=True
+    )
+    assert kernel.info.build_id is not None
+    assert f"Build ID: {kernel.info.build_id.hex()}" in readelf.stdout
+
+
+def test_orc_and_btf_from_memory_are_the_vmlinux_s(linux: tuple[LinuxGuest, GuestRam]) -> None:
+    guest, ram = linux
+    _, kernel = from_memory(ram)
+    ours = kernel.module.orc
+    with open_elf(guest.kernel) as elf:
+        theirs = read_orc(elf, kernel.module.extent[1])
+    assert ours is not None and theirs is not None and len(ours) == len(theirs)
+    rng = random.Random(0)
+    start, end = kernel.module.extent
+    for address in (rng.randrange(start, end) for _ in range(2000)):
+        assert ours.row_for(address) == theirs.row_for(address), hex(address)
+    structs = {"task_struct", "mm_struct", "vm_area_struct", "file", "module"}
+    file_layout = read_layout(guest.kernel, set(), structs)
+    assert kernel.types.layout(set(), structs).structs == file_layout.structs
+
+
+def test_a_user_s_command_names_the_kernel_from_memory(
+    linux: tuple[LinuxGuest, GuestRam], tmp_path: Path
+) -> None:
+    guest, _ = linux
+    folded = tmp_path / "out.folded"
+    done = run_cached("--qmp-socket", guest.qmp, "--duration", "3", "-o", str(folded))
+    assert done.returncode == 0, done.stderr
+    assert f"kernel: {guest.abi} (build-id " in done.stdout + done.stderr
+    assert "from guest memory" in done.stderr
+    stacks = folded.read_text()
+    assert "entry_SYSCALL_64" in stacks and "do_syscall_64" in stacks  # sysloop's calls
+    assert "sysloop (" in stacks and "crunch (" in stacks  # processes, from BTF's task_struct
+    assert "Traceback" not in done.stderr
+
+
+def run_without_kernel(guest: LinuxGuest, tmp_path: Path) -> tuple[str, str]:
+    """One short recording without a kernel file: (its stderr, its folded stacks)."""
+    folded = tmp_path / "out.folded"
+    done = run_cached("--qmp-socket", guest.qmp, "--duration", "1", "-o", str(folded))
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    return done.stderr, folded.read_text()
+
+
+def assert_no_kernel_named(stderr: str, stacks: str) -> None:
+    notices = [line for line in stderr.splitlines() if "no --kernel" in line]
+    assert len(notices) == 1, stderr
+    assert "--kernel VMLINUX" in notices[0]
+    assert "do_syscall_64" not in stacks  # nothing named from a table that did not check
+
+
+def test_a_corrupted_vmcoreinfo_gives_one_line_and_no_kernel_names(
+    linux: tuple[LinuxGuest, GuestRam], tmp_path: Path
+) -> None:
+    guest, ram = linux
+    pages = [page for page in range(0, len(ram.map), PAGE) if _holds_vmcoreinfo(ram, page)]
+    assert pages
+    with contextlib.ExitStack() as stack:
+        for page in pages:  # both copies: the bare text and the ELF note
+            lying = ram.read(page, PAGE).replace(b"KERNELOFFSET=", b"KERNELOFFSET=1")
+            stack.enter_context(ram.overwritten(page, lying))
+        stderr, stacks = run_without_kernel(guest, tmp_path)
+    assert_no_kernel_named(stderr, stacks)
+
+
+def _holds_vmcoreinfo(ram: GuestRam, page: int) -> bool:
+    head = ram.map[page : page + 24]
+    return head.startswith(b"OSRELEASE=") or head[12:24] == b"VMCOREINFO\0\0"
+
+
+@pytest.mark.parametrize("table", ["kallsyms_num_syms", "kallsyms_token_table"])
+def test_a_corrupted_kallsyms_table_gives_one_line_and_no_kernel_names(
+    linux: tuple[LinuxGuest, GuestRam], tmp_path: Path, table: str
+) -> None:
+    guest, ram = linux
+    _, kernel = from_memory(ram)
+    where = kernel.info.physical(kernel.info.symbol(table) or 0)
+    garbage = struct.pack("<I", 0xFFFF_FFFF) if table == "kallsyms_num_syms" else bytes(256)
+    with ram.overwritten(where, garbage):
+        stderr, stacks = run_without_kernel(guest, tmp_path)
+    assert_no_kernel_named(stderr, stacks)
+    assert "kallsyms" in stderr
+
+
+def test_the_vmlinux_given_still_wins(linux: tuple[LinuxGuest, GuestRam], tmp_path: Path) -> None:
+    guest, _ = linux
+    folded = tmp_path / "out.folded"
+    done = run_cached(
+        "--qmp-socket", guest.qmp, "--kernel", str(guest.kernel), "--duration", "1",
+        "-o", str(folded),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "from guest memory" not in done.stderr
+    assert "do_syscall_64" in folded.read_text()
