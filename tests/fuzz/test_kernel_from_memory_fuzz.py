@@ -24,6 +24,9 @@ from qmpprof.guest.linux.kallsyms import (
     decode,
     read_tables,
 )
+from qmpprof.guest.linux.module_symbols import module_from_memory
+from qmpprof.model import KernelModule
+from qmpprof.unwind.orc import Layout
 from tests.fuzz.budget import cases, counted
 
 SAVED = Path(__file__).parents[1] / "unit" / "data" / "linux" / "vmcoreinfo-6.1.0-50-amd64.txt"
@@ -193,3 +196,28 @@ def test_finding_vmcoreinfo_among_planted_pages_ends_in_a_checked_one_or_a_refus
         return
     assert page in ram.planted  # random pages around it never check
     vmcoreinfo.check(info, ram.read)
+
+
+@settings(max_examples=cases(300), deadline=None)
+@given(st.binary(max_size=24 * 40), st.binary(max_size=600), st.binary(max_size=200))
+@counted
+def test_a_module_s_symbols_from_random_memory_stay_in_its_text(
+    symtab: bytes, strtab: bytes, orc: bytes
+) -> None:
+    """struct module's core_kallsyms and ORC arrays holding anything: every symbol lies in
+    the module's text, and the ORC table answers any address with a row or None."""
+    loaded = KernelModule("crc8", 0xFFFF_FFFF_C000_0000, 0x2000)
+    values = [loaded.base + word % 0x3000 for word in range(0, len(symtab), 24)]
+    placed = bytearray(symtab)
+    for index, value in enumerate(values):  # half the symbols near the module's text
+        if index % 2 and 24 * index + 16 <= len(placed):
+            placed[24 * index + 8 : 24 * index + 16] = value.to_bytes(8, "little")
+    ips = orc[: len(orc) // 10 * 4]
+    module = module_from_memory(
+        loaded, bytes(placed), strtab, (ips, loaded.base, orc, Layout.BEFORE_6_4)
+    )
+    for symbol in module.symbols:
+        assert 0 <= symbol.address < loaded.size and symbol.address + symbol.size <= loaded.size
+    if module.orc is not None:
+        for address in range(0, loaded.size + 64, 61):
+            module.orc.row_for(address)

@@ -15,6 +15,7 @@ its RAM in a file (so the test can read it, and corrupt it, as a hostile guest c
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import mmap
 import random
@@ -25,13 +26,23 @@ from pathlib import Path
 
 import pytest
 
+from qmpprof.commands.common import TargetOptions, build_analyzer
+from qmpprof.commands.connect import connected
+from qmpprof.errors import BadGuestKernel
 from qmpprof.guest.dwarf_types import read_layout
 from qmpprof.guest.linux import vmcoreinfo
 from qmpprof.guest.linux.from_memory import GuestKernel, read_guest_kernel
 from qmpprof.symbols.elf_file import open_elf
 from qmpprof.unwind.orc import read_orc
 from tests.integration.conftest import run_cached
-from tests.linux_vm import LinuxGuest, kernel_abis, kernel_slide, nm_symbols, running_linux
+from tests.linux_vm import (
+    LinuxGuest,
+    kernel_abis,
+    kernel_slide,
+    nm_symbols,
+    running_linux,
+    serial_says,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -57,6 +68,7 @@ class GuestRam:
     @contextlib.contextmanager
     def overwritten(self, address: int, data: bytes) -> Iterator[None]:
         """`data` at `address` while the block runs; the old bytes back afterwards."""
+        assert len(data) <= PAGE - address % PAGE, "one page at a time"
         old = self.map[address : address + len(data)]
         self.map[address : address + len(data)] = data
         try:
@@ -159,8 +171,11 @@ def test_a_corrupted_vmcoreinfo_gives_one_line_and_no_kernel_names(
     assert pages
     with contextlib.ExitStack() as stack:
         for page in pages:  # both copies: the bare text and the ELF note
-            lying = ram.read(page, PAGE).replace(b"KERNELOFFSET=", b"KERNELOFFSET=1")
+            # The slide's line made another key (same length: nothing else moves).
+            lying = ram.read(page, PAGE).replace(b"KERNELOFFSET=", b"KERNELOFFSET:")
             stack.enter_context(ram.overwritten(page, lying))
+        with pytest.raises(BadGuestKernel):  # no other copy anywhere
+            print(vmcoreinfo.find(ram.read, [(0, len(ram.map))]))
         stderr, stacks = run_without_kernel(guest, tmp_path)
     assert_no_kernel_named(stderr, stacks)
 
@@ -194,3 +209,29 @@ def test_the_vmlinux_given_still_wins(linux: tuple[LinuxGuest, GuestRam], tmp_pa
     assert done.returncode == 0, done.stderr
     assert "from guest memory" not in done.stderr
     assert "do_syscall_64" in folded.read_text()
+
+
+def test_a_module_s_symbols_from_memory_are_its_proc_kallsyms(
+    linux: tuple[LinuxGuest, GuestRam],
+) -> None:
+    """crc8.ko, loaded by init, with no .ko file given: its function symbols as the
+    guest's own /proc/kallsyms lists them (init prints them on the serial line)."""
+    guest, _ = linux
+    options = TargetOptions(guest.qmp, None)
+    analyzer = build_analyzer(options)
+
+    async def connect() -> None:
+        async with connected(options, analyzer, notice=lambda _: None):
+            pass
+
+    asyncio.run(connect())
+    (crc8,) = [m for m in analyzer.kernel_modules if m.name == "crc8"]
+    module = analyzer.kernel_module_files["crc8"]
+    ours = {symbol.name: crc8.base + symbol.address for symbol in module.symbols}
+    theirs = {words[2]: int(words[0], 16) for words in serial_says(guest, "ksym")}
+    functions = {name for name, kind in ((w[2], w[1]) for w in serial_says(guest, "ksym"))
+                 if kind in "tT"}  # fmt: skip
+    assert functions and {name: ours.get(name) for name in functions} == {
+        name: theirs[name] for name in functions
+    }
+    assert module.orc is not None and len(module.orc) > 0

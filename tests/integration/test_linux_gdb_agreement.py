@@ -456,10 +456,10 @@ class Agreement:
 def qmpprof_frames(
     guest: LinuxGuest, module_dir: Path | None, from_memory: bool = False
 ) -> dict[int, Frames]:
-    """`dump --json`'s frames per vCPU, given the debug vmlinux, or with `from_memory`
-    none: the kernel read from the guest's memory."""
+    """`dump --json`'s frames per vCPU, given the debug vmlinux and loop.ko, or with
+    `from_memory` neither: the kernel and its modules read from the guest's memory."""
     users = [arg for name in PROGRAMS for arg in ("--user", str(BUILD / name))]
-    modules = ["--module-dir", str(module_dir)] if module_dir else []
+    modules = ["--module-dir", str(module_dir)] if module_dir and not from_memory else []
     kernel = [] if from_memory else ["--kernel", str(guest.kernel)]
     done = run_cached("dump", "--json", "--qmp-socket", guest.qmp, *kernel, *users, *modules)
     assert done.returncode == 0, done.stderr

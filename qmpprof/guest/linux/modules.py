@@ -140,6 +140,8 @@ class ModuleWalk:
         self._node: int | None = None
         self._seen: set[int] = set()
         self.found: list[KernelModule] = []
+        #: Where each module found has its struct module, by name.
+        self.structs: dict[str, int] = {}
 
     def advance(self, memory: MemoryReader) -> tuple[KernelModule, ...]:
         """Walk on to the end of the list and give every module found. Raises
@@ -154,6 +156,7 @@ class ModuleWalk:
             found = layout.module_at(span)
             if found is not None:
                 self.found.append(found)
+                self.structs[found.name] = module
             self._node = layout.next_node(span)
         return tuple(self.found)
 
