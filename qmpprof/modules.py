@@ -83,15 +83,19 @@ class Module:
         return self.extent[1] > self.extent[0]
 
 
-def load_module(path: str | Path, name: str | None = None, debug: Path | None = None) -> Module:
+def load_module(
+    path: str | Path, name: str | None = None, debug: Path | None = None, shown: str | None = None
+) -> Module:
     """Load an ELF as a module called `name` (default: the file name), with the symbols
-    of its separate `debug` file when that has more (a stripped library's). Raises
+    of its separate `debug` file when that has more (a stripped library's); its frames
+    name the file `shown` (default: the file name; a file fetched by build-id is called
+    `executable` in its cache, its frames `libc.so.6`). Raises
     BadElf for a file that is missing, not an x86 ELF, or malformed (checked before the
     CFI, which opens the file again, reads any of it)."""
     path = Path(path)
     with open_elf(path) as elf:
         key = file_key(elf)
-        table, debug = _symbol_table(path, elf, key, debug)
+        table, debug = _symbol_table(path, elf, key, debug, shown or path.name)
         sections = code_sections(elf)
         text = text_section(elf)
         build_id = key.build_id if key is not None else None  # file_key read it
@@ -106,7 +110,7 @@ def load_module(path: str | Path, name: str | None = None, debug: Path | None = 
 
 
 def _symbol_table(
-    path: Path, elf: ELFFile, key: FileKey | None, debug: Path | None
+    path: Path, elf: ELFFile, key: FileKey | None, debug: Path | None, name: str
 ) -> tuple[SymbolTable, Path | None]:
     """The file's symbols, or its `debug` file's when that has more, with its PLT stubs;
     and the debug file when its symbols were taken. Kept in the derived cache."""
@@ -124,14 +128,14 @@ def _symbol_table(
                 detailed = read_code_symbols(debug_elf)
             used = debug if len(detailed) > len(symbols) else None
             symbols = detailed if used is not None else symbols
-        return SymbolTable(path.name, symbols + plt_symbols(elf)), used
+        return SymbolTable(name, symbols + plt_symbols(elf)), used
 
     def plain(found: tuple[SymbolTable, Path | None]) -> tuple[PlainTable, bool]:
         return found[0].plain(), found[1] is not None
 
     def table(plain: tuple[PlainTable, bool]) -> tuple[SymbolTable, Path | None]:
         columns, used = plain
-        return SymbolTable.from_plain(path.name, columns), debug if used else None
+        return SymbolTable.from_plain(name, columns), debug if used else None
 
     return derived(key, kind, read, plain, table)
 

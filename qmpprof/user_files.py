@@ -122,7 +122,8 @@ class UserFiles:
             return None
         try:
             name = PurePosixPath(guest_path).name or guest_path
-            return load_module(executable, name, debug=self.servers.debuginfo(build_id))
+            debug = self.servers.debuginfo(build_id)
+            return load_module(executable, name, debug=debug, shown=name)
         except BadElf as err:
             self.unreadable[executable] = str(err)
             return None

@@ -90,7 +90,7 @@ def _use_vmlinux(
     source lines, as with --kernel (its banner is checked against the guest's as with
     --kernel). One that does not load leaves the kernel read from memory."""
     try:
-        module = load_module(vmlinux)
+        module = load_module(vmlinux, "vmlinux", shown="vmlinux")  # cached as `debuginfo`
     except BadElf as err:
         notice(f"debuginfod's vmlinux for {visible(found.info.release)} is unusable: {err}")
         return

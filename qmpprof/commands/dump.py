@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qmpprof.commands.common import TargetOptions, build_analyzer, mapped_sources, module_files
+from qmpprof.commands.common import (
+    TargetOptions,
+    build_analyzer,
+    mapped_sources,
+    module_files,
+    say_on_stderr,
+)
 from qmpprof.commands.connect import connected
 from qmpprof.console import Console
 from qmpprof.errors import KernelMismatch, UsageError
@@ -32,6 +38,8 @@ async def run_dump(options: DumpOptions, out: Console) -> None:
         paused(session, DUMP_BUDGET_S),
     ):
         captured = await capturer.capture()
+    if analyzer.kernel_source is not None:
+        say_on_stderr(analyzer.kernel_source)
     if not captured:
         raise UsageError(f"no vCPU {', '.join(map(str, options.target.cpus))} in this guest")
     samples = [analyzer.symbolize(one) for one in captured]

@@ -29,7 +29,10 @@ def run_demo(out: Path, **environment: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize(
     ("guest", "expected"),
-    [("example", ("kernel_main",)), ("linux", ("do_syscall_64", "sysloop (", "main"))],
+    [
+        ("example", ("kernel_main",)),
+        ("linux", ("do_syscall_64", "sysloop (", "main", "from guest memory")),
+    ],
 )
 def test_the_demo_writes_a_flame_graph_and_prints_named_stacks(
     guest: str, expected: tuple[str, ...], tmp_path: Path
