@@ -33,7 +33,9 @@ async def connected(
 
     First resumes a VM that a qmpprof which died left paused (telling `notice`, one
     line) and claims the socket's pause marker (target.recovery); raises UsageError
-    when `options.cpus` names a vCPU the guest does not have. A Linux kernel's KASLR
+    when `options.cpus` names a vCPU the guest does not have. Without a kernel file, a
+    Linux guest's kernel is read from its memory (record/guest_kernel.py), or fetched
+    from debuginfod by the build-id found there. A Linux kernel's KASLR
     slide is found before the first sample (record/relocation.py) and given to
     `analyzer` as the kernel's bias, and its loaded modules are read then
     (record/kernel_modules.py) and again when samples run in kernel code nowhere known;

@@ -72,7 +72,7 @@ def read_layout(
         return KernelLayout({}, {})
     kind = kind_for("layout", variables, structs, members)
     read = functools.partial(_read_layout, path, variables, structs, members)
-    return derived(key, kind, read, _plain_layout, _layout)
+    return derived(key, kind, read, plain_layout, layout_from_plain)
 
 
 def _read_layout(
@@ -95,14 +95,15 @@ def _read_layout(
 PlainLayout = tuple[dict[str, int], dict[str, dict[str, tuple[int, int | None]]]]
 
 
-def _plain_layout(layout: KernelLayout) -> PlainLayout:
+def plain_layout(layout: KernelLayout) -> PlainLayout:
+    """A layout as the derived cache keeps it."""
     structs = {
         name: {m: (at.offset, at.size) for m, at in s.items()} for name, s in layout.structs.items()
     }
     return layout.variables, structs
 
 
-def _layout(plain: PlainLayout) -> KernelLayout:
+def layout_from_plain(plain: PlainLayout) -> KernelLayout:
     variables, structs = plain
     placed = {name: {m: Member(*at) for m, at in s.items()} for name, s in structs.items()}
     return KernelLayout(dict(variables), placed)

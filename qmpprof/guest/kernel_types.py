@@ -8,13 +8,21 @@ from the guest (`MemoryTypes`: kallsyms and the BTF the kernel keeps in its imag
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from qmpprof.guest.btf import Btf
-from qmpprof.guest.dwarf_types import KernelLayout, Member, read_layout
+from qmpprof.guest.dwarf_types import (
+    KernelLayout,
+    Member,
+    layout_from_plain,
+    plain_layout,
+    read_layout,
+)
+from qmpprof.symbols.derived import FileKey, derived, kind_for
 
 
 class KernelTypes(Hashable, Protocol):
@@ -43,19 +51,30 @@ class ElfTypes:
 @dataclass(frozen=True, eq=False)
 class MemoryTypes:
     """A kernel read from guest memory: `variables` looks data symbols up (link
-    addresses) in its kallsyms, `btf` is the BTF from its image (None: no layouts)."""
+    addresses) in its kallsyms, `btf` gives the BTF from its image (None: no layouts),
+    read and indexed only when an answer is not in the derived cache under `key` (a
+    digest of the tables the answers come from)."""
 
     variables: Callable[[Collection[str]], dict[str, int]]
-    btf: Btf | None
+    btf: Callable[[], Btf | None]
+    key: FileKey | None = None
 
     def layout(
         self, variables: set[str], structs: set[str], members: Collection[str] | None = None
     ) -> KernelLayout:
+        kind = kind_for("memory-layout", variables, structs, members)
+        read = functools.partial(self._layout, variables, structs, members)
+        return derived(self.key, kind, read, plain_layout, layout_from_plain)
+
+    def _layout(
+        self, variables: set[str], structs: set[str], members: Collection[str] | None
+    ) -> KernelLayout:
         found = self.variables(variables) if variables else {}
-        if self.btf is None or not structs:
+        btf = self.btf() if structs else None
+        if btf is None:
             return KernelLayout(found, {})
         wanted = None if members is None else frozenset(members)
-        placed = self.btf.structs(structs, wanted)
+        placed = btf.structs(structs, wanted)
         return KernelLayout(
             found, {n: {m: Member(*at) for m, at in s.items()} for n, s in placed.items()}
         )

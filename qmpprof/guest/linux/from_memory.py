@@ -19,13 +19,15 @@ up: no inlined frames, no source lines, no code bytes.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Collection
+import functools
+import hashlib
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from qmpprof.errors import BadBtf, BadGuestKernel, MemoryFault
 from qmpprof.guest.adapter import KernelFacts, OsAdapter
-from qmpprof.guest.btf import Btf
+from qmpprof.guest.btf import MAGIC, Btf
 from qmpprof.guest.kernel_types import MemoryTypes
 from qmpprof.guest.linux.adapter import LinuxAdapter
 from qmpprof.guest.linux.kallsyms import (
@@ -50,6 +52,8 @@ NAME = "vmlinux"
 #: What a path to it says: there is no file.
 PATH = Path("[guest memory]")
 _CODE_TYPES = frozenset("tTwW")
+#: A BTF blob's first two bytes (little-endian 0xEB9F).
+BTF_MAGIC = MAGIC.to_bytes(2, "little")
 #: The largest table read whole: Debian's ORC tables are 2.3 MB, its BTF 5 MB.
 MAX_TABLE = 64 << 20
 _ORC_TABLES = ("__start_orc_unwind_ip", "__stop_orc_unwind_ip", "__start_orc_unwind")
@@ -112,10 +116,12 @@ def read_guest_kernel(info: VmcoreInfo, read: PhysicalRead) -> GuestKernel:
     if table.kallsyms.find("_stext") != info.link_address(stext):
         raise BadGuestKernel("kallsyms' _stext is not VMCOREINFO's")
     orc = _orc(image, table, table.extent[1])
-    btf = _btf(image, table)
+    btf = _btf_bytes(image, table)
     code, text = table.code, _text(image, table)
     module = Module(NAME, PATH, code, CfiTable([]), text, None, info.build_id, table.extent, orc)
-    types = MemoryTypes(table.variables, btf)
+    # Layouts are cached under what they come from: these kallsyms and this BTF.
+    digest = hashlib.sha256(key.build_id + hashlib.sha256(btf or b"").digest()).digest()
+    types = MemoryTypes(table.variables, _lazy_btf(btf), FileKey(digest[:20], len(btf or b""), 0))
     adapter = _adapter(table, types)
     return GuestKernel(info, module, adapter, types, len(code), orc is not None, btf is not None)
 
@@ -213,14 +219,31 @@ def _orc(image: KernelImage, table: _Table, end: int) -> OrcTable | None:
     return OrcTable(offsets, ips[0], data, layout, end)
 
 
-def _btf(image: KernelImage, table: _Table) -> Btf | None:
+def _btf_bytes(image: KernelImage, table: _Table) -> bytes | None:
+    """The BTF in the kernel's image (`__start_BTF`..`__stop_BTF`), if it has one that
+    starts as BTF does."""
     span = _span(table, "__start_BTF", "__stop_BTF")
     if span is None:
         return None
     try:
-        return Btf(image.read_linked(*span))
-    except (MemoryFault, BadGuestKernel, BadBtf):
+        data = image.read_linked(*span)
+    except (MemoryFault, BadGuestKernel):
         return None
+    return data if data[:2] == BTF_MAGIC else None
+
+
+def _lazy_btf(data: bytes | None) -> Callable[[], Btf | None]:
+    """The BTF indexed on first use (a tenth of a second: not needed when every layout
+    asked for is in the derived cache); None when it does not read."""
+
+    @functools.cache
+    def indexed() -> Btf | None:
+        try:
+            return Btf(data) if data is not None else None
+        except BadBtf:
+            return None
+
+    return indexed
 
 
 def _adapter(table: _Table, types: MemoryTypes) -> OsAdapter:

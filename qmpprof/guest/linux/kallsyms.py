@@ -131,7 +131,7 @@ def read_tables(tables: KallsymsTables, read: ImageRead) -> KallsymsBytes:
         if size > MAX_TOKEN_TABLE:
             raise BadGuestKernel("kallsyms' token table is larger than any kernel's")
         token_table = read(tables.token_table, size)
-        names = _names_bytes(tables.names, count, read)
+        names = _names_region(tables, count, read)
         if tables.offsets is not None:
             base = 0
             if tables.relative_base is not None:
@@ -152,6 +152,19 @@ def read_tables(tables: KallsymsTables, read: ImageRead) -> KallsymsBytes:
 def _u32(data: bytes) -> int:
     value: int = struct.unpack("<I", data)[0]
     return value
+
+
+def _names_region(tables: KallsymsTables, count: int, read: ImageRead) -> bytes:
+    """kallsyms_names: up to the next table VMCOREINFO names above it, in one read (its
+    own size is written nowhere; what follows it is only hashed, never decoded), else
+    walked name by name."""
+    others = (tables.count, tables.token_table, tables.token_index, tables.offsets)
+    following = [at for at in (*others, tables.relative_base, tables.addresses) if at]
+    above = [at - tables.names for at in following if at > tables.names]
+    size = min(above, default=0)
+    if 0 < size <= count * (2 + MAX_NAME_TOKENS):
+        return read(tables.names, size)
+    return _names_bytes(tables.names, count, read)
 
 
 def _names_bytes(start: int, count: int, read: ImageRead) -> bytes:
