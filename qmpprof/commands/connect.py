@@ -10,11 +10,12 @@ from qmpprof.analysis import Analyzer
 from qmpprof.commands.common import TargetOptions, say_on_stderr
 from qmpprof.errors import BadElf, KernelMismatch, UsageError
 from qmpprof.guest.kernel_types import ElfTypes
+from qmpprof.guest.linux.adapter import LinuxAdapter
 from qmpprof.guest.linux.from_memory import GuestKernel
 from qmpprof.guest.registry import choose_adapter
 from qmpprof.modules import load_module
 from qmpprof.record.capture import CaptureConfig, Capturer
-from qmpprof.record.guest_kernel import ADVICE, read_kernel
+from qmpprof.record.guest_kernel import ADVICE, check_build_id, read_kernel
 from qmpprof.record.kernel_modules import KernelModules
 from qmpprof.record.process_maps import ProcessMaps
 from qmpprof.record.relocation import KernelPlacement, kernel_slide_of
@@ -51,6 +52,8 @@ async def connected(
             if analyzer.kernel is None:
                 found = await _kernel_from_guest(session, memory, analyzer, notice)
             placed = await _placement(session, memory, analyzer, found, notice)
+            if found is None and analyzer.kernel and isinstance(analyzer.adapter, LinuxAdapter):
+                check_build_id(session, memory, analyzer.kernel)  # after the IDT's say
             modules = None
             if placed is not None:
                 if placed.slide:

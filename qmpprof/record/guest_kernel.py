@@ -17,13 +17,15 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from qmpprof.errors import BadGuestKernel, DirectMemoryUnavailable, MemoryFault
+from qmpprof.errors import BadGuestKernel, DirectMemoryUnavailable, KernelMismatch, MemoryFault
 from qmpprof.guest.linux import vmcoreinfo
 from qmpprof.guest.linux.from_memory import GuestKernel, read_guest_kernel
+from qmpprof.modules import Module
 from qmpprof.symbols.derived import cache_root
 from qmpprof.target.direct import DirectMemory, qemu_pid
 from qmpprof.target.memory import MemoryBackend
 from qmpprof.target.qmp import QmpSession
+from qmpprof.visible import visible
 
 #: What to pass when the kernel cannot be read from memory.
 ADVICE = "kernel frames stay unnamed; --kernel VMLINUX names them"
@@ -37,17 +39,39 @@ def read_kernel(
     if not isinstance(memory, DirectMemory):
         notice(f"no --kernel, and guest RAM is read through QEMU's monitor: {ADVICE}")
         return None
-    physical = memory.physical
-    ranges = [(segment.start, segment.end) for segment in physical.segments]
-    remembered = _Remembered.of(session)
     try:
-        page, info = vmcoreinfo.find(physical.read_physical, ranges, remembered.page())
-        kernel = read_guest_kernel(info, physical.read_physical)
+        info = guest_vmcoreinfo(session, memory)
+        return read_guest_kernel(info, memory.physical.read_physical)
     except (BadGuestKernel, MemoryFault) as err:
         notice(f"no --kernel, and the guest's memory gives none: {err}; {ADVICE}")
         return None
+
+
+def guest_vmcoreinfo(session: QmpSession, memory: DirectMemory) -> vmcoreinfo.VmcoreInfo:
+    """The guest's checked VMCOREINFO, its place remembered. Raises BadGuestKernel."""
+    physical = memory.physical
+    ranges = [(segment.start, segment.end) for segment in physical.segments]
+    remembered = _Remembered.of(session)
+    page, info = vmcoreinfo.find(physical.read_physical, ranges, remembered.page())
     remembered.keep(page)
-    return kernel
+    return info
+
+
+def check_build_id(session: QmpSession, memory: MemoryBackend, kernel: Module) -> None:
+    """Raise KernelMismatch when the guest's VMCOREINFO names another build of the
+    kernel than `kernel` (a --kernel file); nothing to say without either build-id."""
+    if kernel.build_id is None or not isinstance(memory, DirectMemory):
+        return
+    try:
+        info = guest_vmcoreinfo(session, memory)
+    except BadGuestKernel:
+        return
+    if info.build_id is not None and info.build_id != kernel.build_id:
+        raise KernelMismatch(
+            f"--kernel {kernel.path} does not match the guest: its build-id is "
+            f"{kernel.build_id.hex()}, the guest runs {visible(info.release)}, build-id "
+            f"{info.build_id.hex()} (its VMCOREINFO)"
+        )
 
 
 class _Remembered:
