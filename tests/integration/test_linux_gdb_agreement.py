@@ -435,7 +435,8 @@ class Agreement:
             )
             return
         self.classes[USER_TASK_KERNEL].add(kernel, observed, observed.kernel, ours)
-        if saving_user_registers(observed) or switching_address_space(observed):
+        # GDB's own frames, its inlined calls included (context_switch inside __schedule).
+        if saving_user_registers(seen) or switching_address_space(seen):
             return
         whole = kernel and agree(observed.user, ours_user)
         self.classes[USER_TASK_WHOLE].add(whole, observed, observed.kernel + observed.user, ours)
