@@ -100,11 +100,7 @@ def _use_vmlinux(
         notice(f"debuginfod's vmlinux for {visible(found.info.release)} is unusable: {err}")
         return
     analyzer.use_kernel(module, choose_adapter(vmlinux), ElfTypes(vmlinux))
-    build = found.info.build_id.hex()[:12] if found.info.build_id else "?"
-    analyzer.kernel_source = (
-        f"kernel: {visible(found.info.release)} (build-id {build}…) from debuginfod: "
-        f"{visible(str(vmlinux))}; KASLR slide {found.info.kernel_offset:#x}"
-    )
+    analyzer.kernel_source = found.describe_from(f"debuginfod: {visible(str(vmlinux))}")
 
 
 async def _placement(

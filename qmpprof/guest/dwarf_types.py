@@ -86,10 +86,17 @@ def _read_layout(
     btf = _btf(path) if structs else None
     wanted = None if members is None else frozenset(members)
     if btf is not None:
-        found = btf.structs(structs, wanted)
-        placed = {name: {m: Member(*at) for m, at in s.items()} for name, s in found.items()}
-        return KernelLayout(found_variables, placed)
+        return btf_layout(btf, found_variables, structs, members)
     return KernelLayout(found_variables, _structs(path, structs, wanted) if structs else {})
+
+
+def btf_layout(
+    btf: Btf, variables: dict[str, int], structs: set[str], members: Collection[str] | None
+) -> KernelLayout:
+    """`variables` (found elsewhere) and the `members` (all when None) of `structs` that
+    `btf` describes."""
+    wanted = None if members is None else frozenset(members)
+    return layout_from_plain((variables, btf.structs(structs, wanted)))
 
 
 PlainLayout = tuple[dict[str, int], dict[str, dict[str, tuple[int, int | None]]]]

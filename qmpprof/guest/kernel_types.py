@@ -17,7 +17,7 @@ from typing import Protocol
 from qmpprof.guest.btf import Btf
 from qmpprof.guest.dwarf_types import (
     KernelLayout,
-    Member,
+    btf_layout,
     layout_from_plain,
     plain_layout,
     read_layout,
@@ -71,10 +71,4 @@ class MemoryTypes:
     ) -> KernelLayout:
         found = self.variables(variables) if variables else {}
         btf = self.btf() if structs else None
-        if btf is None:
-            return KernelLayout(found, {})
-        wanted = None if members is None else frozenset(members)
-        placed = btf.structs(structs, wanted)
-        return KernelLayout(
-            found, {n: {m: Member(*at) for m, at in s.items()} for n, s in placed.items()}
-        )
+        return KernelLayout(found, {}) if btf is None else btf_layout(btf, found, structs, members)

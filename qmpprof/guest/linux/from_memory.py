@@ -68,18 +68,21 @@ class GuestKernel:
     module: Module
     adapter: OsAdapter
     types: MemoryTypes
-    symbols: int
-    orc: bool
+    #: Whether the image holds BTF (its layouts are read from it only when asked).
     btf: bool
 
     def describe(self) -> str:
         """One line: which kernel, and what was found in its memory."""
-        build = f" (build-id {self.info.build_id.hex()[:12]}…)" if self.info.build_id else ""
-        found = [f"{self.symbols:,} symbols"]
-        found += ["ORC"] if self.orc else ["no ORC (frame pointers)"]
+        found = [f"{len(self.module.symbols):,} symbols"]
+        found += ["ORC"] if self.module.orc is not None else ["no ORC (frame pointers)"]
         found += ["BTF"] if self.btf else ["no BTF (no process names)"]
+        return self.describe_from(f"guest memory: {', '.join(found)}")
+
+    def describe_from(self, source: str) -> str:
+        """One line: which kernel, from `source`, and its slide."""
+        build = f" (build-id {self.info.build_id.hex()[:12]}…)" if self.info.build_id else ""
         return (
-            f"kernel: {visible(self.info.release)}{build} from guest memory: {', '.join(found)}; "
+            f"kernel: {visible(self.info.release)}{build} from {source}; "
             f"KASLR slide {self.info.kernel_offset:#x}"
         )
 
@@ -123,7 +126,7 @@ def read_guest_kernel(info: VmcoreInfo, read: PhysicalRead) -> GuestKernel:
     digest = hashlib.sha256(key.build_id + hashlib.sha256(btf or b"").digest()).digest()
     types = MemoryTypes(table.variables, _lazy_btf(btf), FileKey(digest[:20], len(btf or b""), 0))
     adapter = _adapter(table, types)
-    return GuestKernel(info, module, adapter, types, len(code), orc is not None, btf is not None)
+    return GuestKernel(info, module, adapter, types, btf is not None)
 
 
 class _Table:

@@ -176,17 +176,23 @@ def _names_bytes(start: int, count: int, read: ImageRead) -> bytes:
     for _ in range(count):
         while len(data) < min(at + 2 + MAX_NAME_TOKENS, limit):
             data += read(start + len(data), min(NAMES_CHUNK, limit - len(data)))
-        length = data[at]
-        if length & 0x80:
-            length, at = (length & 0x7F) | data[at + 1] << 7, at + 2
-        else:
-            at += 1
+        length, at = _name_length(data, at)
         if length > MAX_NAME_TOKENS:
             raise BadGuestKernel("a kallsyms name longer than any")
         at += length
     if at > len(data):
         raise BadGuestKernel("kallsyms_names runs past any kernel's")
     return bytes(data[:at])
+
+
+def _name_length(data: bytes | bytearray, at: int) -> tuple[int, int]:
+    """The token count of the name at `at`, and where its tokens start: one length byte,
+    or two when the first has bit 7 set (from 6.1). Raises BadGuestKernel past the end."""
+    if at >= len(data) or (data[at] & 0x80 and at + 1 >= len(data)):
+        raise BadGuestKernel("kallsyms_names ends before its last name")
+    if data[at] & 0x80:
+        return (data[at] & 0x7F) | data[at + 1] << 7, at + 2
+    return data[at], at + 1
 
 
 def decode(raw: KallsymsBytes, stext: int) -> Kallsyms:
@@ -217,13 +223,7 @@ def _names(data: bytes, count: int, tokens: list[str]) -> tuple[str, list[str]]:
     names: list[str] = []
     at = 0
     for _ in range(count):
-        if at >= len(data):
-            raise BadGuestKernel("kallsyms_names ends before its last name")
-        length = data[at]
-        if length & 0x80 and at + 1 < len(data):
-            length, at = (length & 0x7F) | data[at + 1] << 7, at + 2
-        else:
-            at += 1
+        length, at = _name_length(data, at)
         if not 0 < length <= MAX_NAME_TOKENS or at + length > len(data):
             raise BadGuestKernel("a kallsyms name of no length, or longer than any")
         name = "".join([tokens[token] for token in data[at : at + length]])
