@@ -12,13 +12,20 @@
 #                      second version the archive offers (the tests' wrong libc), if any
 #
 # A kernel only bookworm-backports has (6.12) makes it add that archive to apt's sources
-# once (NotAutomatic there: `apt-get upgrade` still takes nothing from it).
+# once (NotAutomatic there: `apt-get upgrade` still takes nothing from it). One of an older
+# release (bullseye's 5.10) is found through package lists of that release kept in the
+# cache (~/.cache/qmpprof/apt/bullseye): the host's apt sources never name it.
 # Prints, one per line on stdout: vmlinuz=<path> vmlinux=<path> abi=<ABI> per kernel;
 # with --libc: libc=<dir> version=<V> other_libc=<dir or empty> other_version=<V or empty>.
 set -euo pipefail
 
-# The kernels the tests boot: bookworm's own 6.1 and bookworm-backports' 6.12.
-KERNELS=(6.1.0-50-amd64 6.12.95+deb12-amd64)
+# The kernels the tests boot: bookworm's own 6.1, bookworm-backports' 6.12 and
+# bullseye's 5.10 (the last of Debian 11's kernels the package registry serves).
+KERNELS=(6.1.0-50-amd64 6.12.95+deb12-amd64 5.10.0-46-amd64)
+# The release an older kernel comes from: its ABI's prefix, its suites.
+OLD_RELEASE_ABI=5.10.0-
+OLD_RELEASE=bullseye
+OLD_SUITES=("debian $OLD_RELEASE main" "debian-security $OLD_RELEASE-security main")
 cache=${QMPPROF_CACHE:-$HOME/.cache/qmpprof}
 debs=$cache/debian
 SUDO=$([[ $(id -u) == 0 ]] || echo sudo)
@@ -42,21 +49,44 @@ add_backports() {
     $SUDO apt-get update -qq >&2
 }
 
-# deb PACKAGE: the path of PACKAGE's .deb in the cache, downloaded if missing.
+# old_release_apt: apt's options for package lists of OLD_RELEASE alone, kept in the
+# cache and updated once (the host's sources and dpkg's state stay out of it).
+OLD_APT=()
+old_release_apt() {
+    local dir=$cache/apt/$OLD_RELEASE suite
+    OLD_APT=(-o "Dir::Etc::SourceList=$dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
+             -o "Dir::State::Lists=$dir/lists" -o "Dir::Cache=$dir/cache"
+             -o Dir::State::Status=/dev/null)
+    [[ -s $dir/lists/.updated ]] && return 0
+    echo "fetch.sh: fetching $OLD_RELEASE's package lists into $dir" >&2
+    mkdir -p "$dir/lists/partial" "$dir/cache/archives/partial"
+    for suite in "${OLD_SUITES[@]}"; do
+        set -- $suite
+        echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/$1 $2 $3"
+    done >"$dir/sources.list"
+    apt-get "${OLD_APT[@]}" update -qq >&2
+    date >"$dir/lists/.updated"
+}
+
+# deb PACKAGE [VERSION]: the path of PACKAGE's .deb in the cache, downloaded if missing;
+# from OLD_RELEASE's lists when OLD=1.
 deb() {
-    local found
-    found=$(compgen -G "$debs/$1_*.deb" | head -n 1 || true)
+    local found pattern=$debs/$1_${2:+${2/:/%3a}_}*.deb apt=() wanted=$1${2:+=$2}
+    found=$(compgen -G "$pattern" | head -n 1 || true)
     if [[ -z $found ]]; then
-        if ! has "$1"; then
+        if [[ ${OLD:-} == 1 ]]; then
+            old_release_apt
+            apt=("${OLD_APT[@]}")
+        elif ! has "$1"; then
             echo "fetch.sh: updating the package lists to find $1" >&2
             $SUDO apt-get update -qq >&2
+            has "$1" || add_backports
         fi
-        has "$1" || add_backports
-        has "$1" ||
-            { echo "fetch.sh: Debian has no package $1 (try KERNEL_ABI=... of a current kernel)" >&2; exit 1; }
-        echo "fetch.sh: downloading $1 into $debs" >&2
-        (cd "$debs" && apt-get download -q "$1" >&2)
-        found=$(compgen -G "$debs/$1_*.deb" | head -n 1)
+        apt-cache "${apt[@]}" show "$wanted" >/dev/null 2>&1 ||
+            { echo "fetch.sh: Debian has no package $wanted (try KERNEL_ABI=... of a current kernel)" >&2; exit 1; }
+        echo "fetch.sh: downloading $wanted into $debs" >&2
+        (cd "$debs" && apt-get "${apt[@]}" download -q "$wanted" >&2)
+        found=$(compgen -G "$pattern" | head -n 1)
     fi
     echo "$found"
 }
@@ -79,6 +109,8 @@ fetch() {
     local abi=$1 out=$cache/linux/$1 package
     [[ $abi =~ ^[0-9][0-9a-z.+-]*$ ]] || { echo "fetch.sh: bad kernel ABI '$abi'" >&2; exit 1; }
     mkdir -p "$debs" "$out"
+    local OLD=''  # seen by deb(): the kernel of an older release
+    [[ $abi != "$OLD_RELEASE_ABI"* ]] || OLD=1
     if [[ ! -s $out/vmlinuz ]]; then
         package=$(deb "linux-image-$abi-unsigned")  # set -e: a failed download ends here
         extract "$package" "./boot/vmlinuz-$abi" "$out/vmlinuz"
@@ -105,12 +137,7 @@ libc_tree() {
         mkdir -p "$debs" "$cache/sysroot"
         rm -rf "$out.part" && mkdir "$out.part"
         for package in libc6 libc6-dbg; do
-            file=$(compgen -G "$debs/${package}_${version/:/%3a}_*.deb" | head -n 1 || true)
-            if [[ -z $file ]]; then
-                echo "fetch.sh: downloading $package $version into $debs" >&2
-                (cd "$debs" && apt-get download -q "$package=$version" >&2)
-                file=$(compgen -G "$debs/${package}_${version/:/%3a}_*.deb" | head -n 1)
-            fi
+            file=$(deb "$package" "$version")
             echo "fetch.sh: extracting $(basename "$file")" >&2
             dpkg-deb -x "$file" "$out.part"
         done

@@ -1,7 +1,10 @@
 """A Linux process's executable file mappings, read from its kernel's memory map.
 
 What /proc/PID/maps prints comes from the mm's VMAs: `task->mm->mm_mt` is a maple tree
-(include/linux/maple_tree.h, 6.1 on) whose leaves hold the `struct vm_area_struct`s.
+(include/linux/maple_tree.h, 6.1 on) whose leaves hold the `struct vm_area_struct`s;
+before 6.1 they are a list, sorted by address, from `mm->mmap` along each `vm_next`.
+Which one a kernel has is told by its types (mm_struct has `mm_mt` or `mmap`), never by
+its version.
 Each VMA gives vm_start, vm_end, vm_pgoff (pages), vm_flags (VM_EXEC) and vm_file; a
 file's path is its dentry's name and its parents' (`f_path.dentry`, d_name, d_parent) up
 to the root of its filesystem. The offsets of every struct member come from the
@@ -93,7 +96,7 @@ _STRUCTS = {"task_struct", "mm_struct", "maple_tree", "vm_area_struct", "file", 
 _STRUCTS |= {"dentry", "qstr"}
 _MEMBERS = (
     *("mm", "mm_mt", "ma_root", "vm_start", "vm_end", "vm_pgoff", "vm_flags", "vm_file"),
-    *("anon_vma", "pgd"),
+    *("anon_vma", "pgd", "mmap", "vm_next"),
     *("f_path", "dentry", "d_name", "d_parent", "len", "name"),
 )
 #: The most bytes of one struct read at once (a VMA, a dentry).
@@ -105,7 +108,8 @@ class MapsLayout:
     """Offsets of what the walk reads, from the vmlinux's DWARF."""
 
     task_mm: int
-    mm_root: int  # mm_struct.mm_mt.ma_root
+    #: mm_struct.mm_mt.ma_root (6.1 on), else mm_struct.mmap, the head of a VMA list.
+    mm_root: int
     vm_start: int
     vm_end: int
     vm_flags: int
@@ -119,11 +123,13 @@ class MapsLayout:
     vm_anon_vma: int | None = None
     #: mm_struct.pgd: the page tables CR3 holds while the mm is loaded.
     mm_pgd: int | None = None
+    #: vm_area_struct.vm_next: the VMAs are a list from mm_root (before 6.1), not a tree.
+    vm_next: int | None = None
 
     @property
     def vma_span(self) -> int:
         fields = (self.vm_start, self.vm_end, self.vm_flags, self.vm_pgoff, self.vm_file)
-        return max(*fields, self.vm_anon_vma or 0) + 8
+        return max(*fields, self.vm_anon_vma or 0, self.vm_next or 0) + 8
 
     @property
     def dentry_span(self) -> int:
@@ -139,10 +145,14 @@ class MapsLayout:
 
     @classmethod
     def _from(cls, s: dict[str, dict[str, Member]]) -> MapsLayout | None:
-        vma, name = s["vm_area_struct"], s["dentry"]["d_name"].offset
+        vma, name, mm = s["vm_area_struct"], s["dentry"]["d_name"].offset, s["mm_struct"]
+        if "mm_mt" in mm:
+            root, vm_next = mm["mm_mt"].offset + s["maple_tree"]["ma_root"].offset, None
+        else:
+            root, vm_next = mm["mmap"].offset, vma["vm_next"].offset
         layout = cls(
             s["task_struct"]["mm"].offset,
-            s["mm_struct"]["mm_mt"].offset + s["maple_tree"]["ma_root"].offset,
+            root,
             vma["vm_start"].offset,
             vma["vm_end"].offset,
             vma["vm_flags"].offset,
@@ -153,7 +163,8 @@ class MapsLayout:
             name + s["qstr"]["len"].offset,
             name + s["qstr"]["name"].offset,
             vma["anon_vma"].offset if "anon_vma" in vma else None,
-            s["mm_struct"]["pgd"].offset if "pgd" in s["mm_struct"] else None,
+            mm["pgd"].offset if "pgd" in mm else None,
+            vm_next,
         )
         spans_fit = layout.vma_span <= MAX_SPAN and layout.dentry_span <= MAX_SPAN
         return layout if spans_fit and layout.task_mm < 1 << 16 else None
@@ -251,6 +262,8 @@ class _Vma:
     pgoff: int
     file: int
     copied: bool
+    #: The next VMA of a list (before 6.1); 0 at its end and in a maple tree.
+    next: int = 0
 
 
 @dataclass
@@ -295,7 +308,10 @@ class MapsWalk:
                 state.nodes.append(pending)
                 raise
         while len(state.read_vmas) < len(state.vmas):
-            state.read_vmas.append(self._read_vma(memory, state.vmas[len(state.read_vmas)]))
+            vma = self._read_vma(memory, state.vmas[len(state.read_vmas)])
+            state.read_vmas.append(vma)
+            if vma.next:
+                self._add_vma(vma.next)
         if state.executable is None:
             state.executable = self._executable_files()
         while len(state.paths) < len(state.executable):
@@ -312,7 +328,11 @@ class MapsWalk:
             if mm != 0:
                 self.pgd = _optional_u64(memory, mm, self._layout.mm_pgd)
             if mm != 0 and is_kernel(mm + self._layout.mm_root):
-                self._add_root(memory.read_u64(mm + self._layout.mm_root))
+                root = memory.read_u64(mm + self._layout.mm_root)
+                if self._layout.vm_next is None:
+                    self._add_root(root)
+                elif root:
+                    self._add_vma(root)
         self._state.root_read = True
 
     def _add_root(self, root: int) -> None:
@@ -359,7 +379,9 @@ class MapsWalk:
 
         start, end, flags = word(layout.vm_start), word(layout.vm_end), word(layout.vm_flags)
         anon = 1 if layout.vm_anon_vma is None else word(layout.vm_anon_vma)
-        return _Vma(start, end, flags, word(layout.vm_pgoff), word(layout.vm_file), anon != 0)
+        following = 0 if layout.vm_next is None else word(layout.vm_next)
+        pgoff, file = word(layout.vm_pgoff), word(layout.vm_file)
+        return _Vma(start, end, flags, pgoff, file, anon != 0, following)
 
     def _executable_files(self) -> list[_Vma]:
         """The executable VMAs of a file, in address order, once all are read; every
