@@ -1,6 +1,7 @@
 """A guest that lies about its kernel (guest/linux/vmcoreinfo.py, kallsyms.py,
 from_memory.py): VMCOREINFO texts and pages that are random or a real one mutated,
-kallsyms tables of random bytes or of random counts and sizes, and a whole kernel image
+kallsyms tables of random bytes or of random counts and sizes, Debian 5.10's tables
+(found by their shape) with bytes mutated, and a whole kernel image
 of random pages behind a VMCOREINFO that checks. Each parser returns what it found or
 raises BadGuestKernel, reads a bounded number of bytes, and never names more symbols
 than the table says it has."""
@@ -11,6 +12,7 @@ import random
 import struct
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,10 +26,13 @@ from qmpprof.guest.linux.kallsyms import (
     decode,
     read_tables,
 )
+from qmpprof.guest.linux.kallsyms_search import find_tables
 from qmpprof.guest.linux.module_symbols import module_from_memory
 from qmpprof.model import KernelModule
 from qmpprof.unwind.orc import Layout
 from tests.fuzz.budget import cases, counted
+from tests.linux_vm import nm_symbols
+from tests.unit.test_kernel_from_memory import LinkedImage
 
 SAVED = Path(__file__).parents[1] / "unit" / "data" / "linux" / "vmcoreinfo-6.1.0-50-amd64.txt"
 TEXT = SAVED.read_bytes()
@@ -221,3 +226,55 @@ def test_a_module_s_symbols_from_random_memory_stay_in_its_text(
     if module.orc is not None:
         for address in range(0, loaded.size + 64, 61):
             module.orc.row_for(address)
+
+
+class OldTables:
+    """Debian 5.10's kallsyms tables as its vmlinux links them (the shape the search
+    looks for: no VMCOREINFO names them), with some bytes mutated."""
+
+    ABI = "5.10.0-46-amd64"
+    _region: tuple[int, bytes] | None = None
+
+    @classmethod
+    def region(cls) -> tuple[int, bytes]:
+        """From 64 KiB before kallsyms_offsets to 4 KiB past kallsyms_token_index."""
+        if cls._region is None:
+            path = Path.home() / ".cache" / "qmpprof" / "linux" / cls.ABI / "vmlinux"
+            if not path.exists():
+                pytest.skip(f"no {path}: make linux-guest fetches it")
+            nm = nm_symbols(path)
+            (low,), (high,) = nm["kallsyms_offsets"], nm["kallsyms_token_index"]
+            image = LinkedImage(path)
+            cls._region = (low - (64 << 10), image.read(low - (64 << 10), high - low + (68 << 10)))
+        return cls._region
+
+
+@settings(max_examples=cases(60), deadline=None)
+@given(st.integers(0, 2**32))
+@counted
+def test_kallsyms_tables_of_mutated_shape_are_found_checked_or_refused(seed: int) -> None:
+    start, real = OldTables.region()
+    rng = random.Random(seed)
+    data = bytearray(real)
+    ends = len(data) - 8 * 1024  # the token tables: mutated more often, being small
+    for _ in range(rng.randrange(1, 40)):
+        tokens = rng.random() < 0.5
+        at = rng.randrange(ends - 4096, len(data)) if tokens else rng.randrange(len(data))
+        data[at : at + rng.randrange(1, 9)] = rng.randbytes(rng.randrange(1, 9))
+    read_bytes = 0
+
+    def read(address: int, size: int) -> bytes:
+        nonlocal read_bytes
+        if address < start or address + size > start + len(data):
+            raise MemoryFault(address, size)
+        read_bytes += size
+        return bytes(data[address - start : address - start + size])
+
+    try:
+        found = find_tables(read, start, start + len(data))
+    except BadGuestKernel:
+        found = []
+    assert len(found) <= 2
+    for tables in found:
+        assert start <= tables.names < tables.token_table < tables.token_index
+    assert read_bytes <= 2 * len(data) + 64 * (1 << 21)

@@ -3,7 +3,9 @@
 From a checked VMCOREINFO (guest/linux/vmcoreinfo.py), everything is read from the
 kernel image through its own linear mapping (physical = virtual - START_KERNEL_MAP +
 phys_base: no page tables needed):
-- the symbols, from kallsyms (guest/linux/kallsyms.py): code symbols become the
+- the symbols, from kallsyms (guest/linux/kallsyms.py; before 6.0 VMCOREINFO does not
+  say where its tables are, and they are found by their shape: kallsyms_search.py):
+  code symbols become the
   module's symbol table (each reaching to the next symbol, as /proc/kallsyms has no
   sizes), the others answer the OS adapter's and walkers' data-symbol lookups;
 - the ORC unwind tables, between the `__start_orc_unwind*` / `__stop_orc_unwind*`
@@ -37,6 +39,7 @@ from qmpprof.guest.linux.kallsyms import (
     decode,
     read_tables,
 )
+from qmpprof.guest.linux.kallsyms_search import find_tables
 from qmpprof.guest.linux.vmcoreinfo import IMAGE_AREA, PhysicalRead, VmcoreInfo
 from qmpprof.memory import WindowMemory
 from qmpprof.model import KERNEL_HALF, MemoryWindow
@@ -56,6 +59,8 @@ _CODE_TYPES = frozenset("tTwW")
 BTF_MAGIC = MAGIC.to_bytes(2, "little")
 #: The largest table read whole: Debian's ORC tables are 2.3 MB, its BTF 5 MB.
 MAX_TABLE = 64 << 20
+#: The most of the image searched for kallsyms (Debian's 5.10: text and rodata, 22 MB).
+MAX_SEARCH = 64 << 20
 _ORC_TABLES = ("__start_orc_unwind_ip", "__stop_orc_unwind_ip", "__start_orc_unwind")
 _ORC_END = "__stop_orc_unwind"
 
@@ -112,12 +117,7 @@ def read_guest_kernel(info: VmcoreInfo, read: PhysicalRead) -> GuestKernel:
     stext = info.symbol("_stext")
     if stext is None:
         raise BadGuestKernel("VMCOREINFO without SYMBOL(_stext)")
-    raw = read_tables(KallsymsTables.from_symbols(info.symbol), image.read)
-    slide = info.kernel_offset
-    key = FileKey(raw.digest(slide), raw.count, 0)
-    table = derived(key, "guest-kallsyms", lambda: _Table.decode(raw, stext, slide), _plain, _table)
-    if table.kallsyms.find("_stext") != info.link_address(stext):
-        raise BadGuestKernel("kallsyms' _stext is not VMCOREINFO's")
+    table, key = _kallsyms(info, image, stext)
     orc = _orc(image, table, table.extent[1])
     btf = _btf_bytes(image, table)
     code, text = table.code, _text(image, table)
@@ -127,6 +127,48 @@ def read_guest_kernel(info: VmcoreInfo, read: PhysicalRead) -> GuestKernel:
     types = MemoryTypes(table.variables, _lazy_btf(btf), FileKey(digest[:20], len(btf or b""), 0))
     adapter = _adapter(table, types)
     return GuestKernel(info, module, adapter, types, btf is not None)
+
+
+def _kallsyms(info: VmcoreInfo, image: KernelImage, stext: int) -> tuple[_Table, FileKey]:
+    """The kernel's symbols, from the tables VMCOREINFO names or, before 6.0, the
+    first tables of kallsyms' shape in the image that decode and check. Raises
+    BadGuestKernel."""
+    try:
+        candidates = [KallsymsTables.from_symbols(info.symbol)]
+    except BadGuestKernel:
+        candidates = find_tables(image.read, *_search_span(info, stext))
+    problem = BadGuestKernel("no kallsyms tables")
+    for tables in candidates:
+        try:
+            return _checked_table(info, image, tables, stext)
+        except BadGuestKernel as err:
+            problem = err
+    raise problem
+
+
+def _search_span(info: VmcoreInfo, stext: int) -> tuple[int, int]:
+    """Where kallsyms may be: the image's text and read-only data, which end before
+    its data (init_uts_ns) starts; else as far as the image area goes."""
+    uts = info.symbol("init_uts_ns")
+    end = uts if uts is not None and stext < uts < stext + IMAGE_AREA else stext + IMAGE_AREA
+    return stext, min(end, stext + MAX_SEARCH)
+
+
+def _checked_table(
+    info: VmcoreInfo, image: KernelImage, tables: KallsymsTables, stext: int
+) -> tuple[_Table, FileKey]:
+    """`tables` decoded (or their decoding from the derived cache), once `_stext` and
+    `init_uts_ns` are where VMCOREINFO says. Raises BadGuestKernel."""
+    raw = read_tables(tables, image.read)
+    slide = info.kernel_offset
+    key = FileKey(raw.digest(slide), raw.count, 0)
+    table = derived(key, "guest-kallsyms", lambda: _Table.decode(raw, stext, slide), _plain, _table)
+    if table.kallsyms.find("_stext") != info.link_address(stext):
+        raise BadGuestKernel("kallsyms' _stext is not VMCOREINFO's")
+    uts = info.symbol("init_uts_ns")
+    if uts is not None and table.kallsyms.find("init_uts_ns") != info.link_address(uts):
+        raise BadGuestKernel("kallsyms' init_uts_ns is not VMCOREINFO's")
+    return table, key
 
 
 class _Table:

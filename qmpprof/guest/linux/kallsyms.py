@@ -176,7 +176,7 @@ def _names_bytes(start: int, count: int, read: ImageRead) -> bytes:
     for _ in range(count):
         while len(data) < min(at + 2 + MAX_NAME_TOKENS, limit):
             data += read(start + len(data), min(NAMES_CHUNK, limit - len(data)))
-        length, at = _name_length(data, at)
+        length, at = name_length(data, at)
         if length > MAX_NAME_TOKENS:
             raise BadGuestKernel("a kallsyms name longer than any")
         at += length
@@ -185,7 +185,7 @@ def _names_bytes(start: int, count: int, read: ImageRead) -> bytes:
     return bytes(data[:at])
 
 
-def _name_length(data: bytes | bytearray, at: int) -> tuple[int, int]:
+def name_length(data: bytes | bytearray, at: int) -> tuple[int, int]:
     """The token count of the name at `at`, and where its tokens start: one length byte,
     or two when the first has bit 7 set (from 6.1). Raises BadGuestKernel past the end."""
     if at >= len(data) or (data[at] & 0x80 and at + 1 >= len(data)):
@@ -223,7 +223,7 @@ def _names(data: bytes, count: int, tokens: list[str]) -> tuple[str, list[str]]:
     names: list[str] = []
     at = 0
     for _ in range(count):
-        length, at = _name_length(data, at)
+        length, at = name_length(data, at)
         if not 0 < length <= MAX_NAME_TOKENS or at + length > len(data):
             raise BadGuestKernel("a kallsyms name of no length, or longer than any")
         name = "".join([tokens[token] for token in data[at : at + length]])

@@ -39,6 +39,10 @@ _NOTE_NAME = b"VMCOREINFO\0\0"
 #: struct new_utsname: sysname[65], nodename[65], then release.
 _RELEASE_IN_UTSNAME = 2 * 65
 _RELEASE_SIZE = 65
+#: uts_namespace.name's offset at most, and the sysname it starts with.
+_MAX_NAME_OFFSET = 64
+_SYSNAME = b"Linux\0"
+_UTS_READ = _MAX_NAME_OFFSET + _RELEASE_IN_UTSNAME + _RELEASE_SIZE
 _LINE = re.compile(rb"^([A-Z_]+(?:\([A-Za-z0-9_.]+\))?|[A-Z_-]+)=([ -~]{0,256})$")
 _PHYSICAL_LIMIT = 1 << 52
 
@@ -122,12 +126,12 @@ def parse(text: bytes) -> VmcoreInfo:
 def check(info: VmcoreInfo, read: PhysicalRead) -> None:
     """Raise BadGuestKernel unless the kernel image `info` describes holds its release
     at `init_uts_ns` (a copy from an earlier boot, or a lie, does not)."""
-    uts, name = info.symbol("init_uts_ns"), info.offset("uts_namespace.name")
-    if uts is None or name is None:
+    uts = info.symbol("init_uts_ns")
+    if uts is None:
         raise BadGuestKernel("VMCOREINFO without SYMBOL(init_uts_ns)")
-    where = info.physical(uts + name + _RELEASE_IN_UTSNAME)
+    where = info.physical(uts)
     try:
-        found = read(where, _RELEASE_SIZE).split(b"\0", 1)[0]
+        found = _release(read(where, _UTS_READ), info.offset("uts_namespace.name"))
     except MemoryFault as fault:
         raise BadGuestKernel(f"VMCOREINFO's init_uts_ns ({where:#x}) is not in RAM") from fault
     if found != info.release.encode():
@@ -135,6 +139,18 @@ def check(info: VmcoreInfo, read: PhysicalRead) -> None:
             f"VMCOREINFO says {visible(info.release)}, the kernel it names says "
             f"{visible(found.decode('ascii', 'replace'))} (a copy from an earlier boot?)"
         )
+
+
+def _release(uts: bytes, name: int | None) -> bytes:
+    """The release in a uts_namespace: at its `name` (OFFSET(uts_namespace.name), from
+    5.11), else after the first aligned "Linux" sysname (5.10 keeps a kref first)."""
+    if name is None:
+        found = (at for at in range(0, _MAX_NAME_OFFSET + 1, 4) if uts.startswith(_SYSNAME, at))
+        name = next(found, 0)
+    if not 0 <= name <= _MAX_NAME_OFFSET:
+        return b""
+    start = name + _RELEASE_IN_UTSNAME
+    return uts[start : start + _RELEASE_SIZE].split(b"\0", 1)[0]
 
 
 def _hex(value: str | None) -> int | None:
