@@ -90,7 +90,7 @@ guest:  ## build the example guest OS, both variants (the tests unwind both)
 	$(MAKE) -s -C examples/guest
 	$(MAKE) -s -C examples/guest VARIANT=nofp
 
-linux-guest:  ## fetch Debian's kernels (6.1, 6.12) + debug vmlinux and libc6 (+ -dbg) once (~/.cache/qmpprof), build the initramfs and sysroot
+linux-guest:  ## fetch Debian's kernels (6.1, 6.12, bullseye's 5.10) + debug vmlinux and each release's libc6 (+ -dbg) once (~/.cache/qmpprof), build the initramfs files and sysroots
 	bash examples/linux/fetch.sh --all >/dev/null
 	$(MAKE) -s -C examples/linux
 

@@ -14,16 +14,22 @@ ROOT = Path(__file__).resolve().parents[1]
 BOOT = ROOT / "examples" / "linux" / "boot.sh"
 FETCH = ROOT / "examples" / "linux" / "fetch.sh"
 BUILD = ROOT / "examples" / "linux" / "build"
+#: The host release's initramfs (a kernel of an older release, bullseye's 5.10, boots
+#: build/bullseye/'s, with that release's libc: LinuxGuest.initramfs). Each holds the
+#: modules of every cached kernel.
 INITRAMFS = BUILD / "initramfs.cpio"
 #: The guest's root as the host's tools see it (examples/linux/mksysroot.py): /bin/dynwork,
 #: /usr/lib/x86_64-linux-gnu/libqmpwork.so.1, Debian's libc6 files the guest has
 #: (/lib/x86_64-linux-gnu/{libc.so.6,ld-linux-x86-64.so.2}, /lib64/ld-linux-x86-64.so.2)
-#: and libc6-dbg's /usr/lib/debug/.build-id/xx/yyyy.debug for them.
+#: and libc6-dbg's /usr/lib/debug/.build-id/xx/yyyy.debug for them. This is the host
+#: release's; LinuxGuest.sysroot is the one of the kernel a guest booted.
 SYSROOT = BUILD / "sysroot"
-#: The same with another version of libc6 (the wrong libc), if the archive offered one.
-OTHER_LIBC_SYSROOT = BUILD / "sysroot-other-libc"
-#: What fetch.sh --libc said: libc=DIR version=V other_libc=DIR other_version=V.
-LIBC_ENV = BUILD / "libc.env"
+#: Beside a sysroot: the same with another version of libc6 (the wrong libc), if the
+#: archive offered one.
+OTHER_LIBC_SYSROOT = "sysroot-other-libc"
+#: Beside a sysroot: what fetch.sh --libc said (libc=DIR version=V other_libc=DIR
+#: other_version=V).
+LIBC_ENV = "libc.env"
 #: Booting Debian's kernel under TCG on a busy 2-core host, after a first download.
 BOOT_TIMEOUT_S = 900
 
@@ -38,11 +44,13 @@ class LinuxGuest:
     abi: str  # Debian's name for the kernel: 6.1.0-50-amd64
     qmp: str
     serial: str
+    initramfs: Path  # the one booted: build/initramfs.cpio, or bullseye's for its kernel
+    sysroot: Path  # its files for qmpprof --sysroot: SYSROOT, or build/bullseye/sysroot
 
 
 def kernel_abis() -> list[str]:
-    """The Debian kernels the tests boot (bookworm's 6.1 first, then backports' 6.12):
-    fetch.sh's list, which `make linux-guest` fetches."""
+    """The Debian kernels the tests boot (bookworm's 6.1 first, then backports' 6.12 and
+    bullseye's 5.10): fetch.sh's list, which `make linux-guest` fetches."""
     done = subprocess.run([str(FETCH), "--list"], capture_output=True, text=True, check=True)
     return done.stdout.split()
 
@@ -76,6 +84,8 @@ def boot_linux(workdir: Path, *extra: str, abi: str | None = None) -> LinuxGuest
         values["abi"],
         values["qmp"],
         values["serial"],
+        Path(values["initramfs"]),
+        Path(values["sysroot"]),
     )
 
 
@@ -90,10 +100,10 @@ def running_linux(workdir: Path, *extra: str, abi: str | None = None) -> Iterato
         subprocess.run([str(BOOT), "stop", str(guest.pid)], check=False, timeout=60)
 
 
-def initramfs_file(name: str) -> bytes:
-    """A file of the initramfs the guest booted (newc: a 110-byte header, the name and
-    the data, each padded to 4 bytes)."""
-    archive = INITRAMFS.read_bytes()
+def initramfs_file(name: str, guest: LinuxGuest | None = None) -> bytes:
+    """A file of the initramfs `guest` booted, else of INITRAMFS (newc: a 110-byte header,
+    the name and the data, each padded to 4 bytes)."""
+    archive = (guest.initramfs if guest else INITRAMFS).read_bytes()
     at = 0
     while archive.startswith(b"070701", at):
         size, name_size = int(archive[at + 54 : at + 62], 16), int(archive[at + 94 : at + 102], 16)
@@ -104,24 +114,28 @@ def initramfs_file(name: str) -> bytes:
     raise AssertionError(f"{name} is not in the initramfs")
 
 
-def guest_sysroot() -> Path:
-    """SYSROOT, which `make -C examples/linux` (and so boot.sh) builds: `qmpprof
-    --sysroot` and GDB's `set sysroot` find every file of dynwork's process there."""
-    if not (SYSROOT / "bin" / "dynwork").is_file():
-        raise AssertionError(f"no {SYSROOT}: run make -C examples/linux")
-    return SYSROOT
+def guest_sysroot(guest: LinuxGuest) -> Path:
+    """The sysroot of the kernel `guest` booted, which `make -C examples/linux` (and so
+    boot.sh) builds: `qmpprof --sysroot` and GDB's `set sysroot` find every file of
+    dynwork's process there."""
+    if not (guest.sysroot / "bin" / "dynwork").is_file():
+        raise AssertionError(f"no {guest.sysroot}: run make -C examples/linux")
+    return guest.sysroot
 
 
-def other_libc_sysroot() -> Path | None:
-    """OTHER_LIBC_SYSROOT (the files of SYSROOT, but libc6 and libc6-dbg of another
-    version: its libc.so.6 and ld.so have other build-ids), or None when apt offered
-    only one version of libc6."""
-    return OTHER_LIBC_SYSROOT if (OTHER_LIBC_SYSROOT / "bin" / "dynwork").is_file() else None
+def other_libc_sysroot(guest: LinuxGuest) -> Path | None:
+    """OTHER_LIBC_SYSROOT beside guest_sysroot(guest) (its files, but libc6 and libc6-dbg
+    of another version: its libc.so.6 and ld.so have other build-ids), or None when apt
+    offered only one version of libc6 (and for bullseye's guest: fetch.sh gives one)."""
+    other = guest_sysroot(guest).parent / OTHER_LIBC_SYSROOT
+    return other if (other / "bin" / "dynwork").is_file() else None
 
 
-def libc_versions() -> tuple[str, str | None]:
-    """The version of libc6 in SYSROOT (and the guest), and in OTHER_LIBC_SYSROOT."""
-    values = dict(line.split("=", 1) for line in LIBC_ENV.read_text().splitlines() if "=" in line)
+def libc_versions(guest: LinuxGuest) -> tuple[str, str | None]:
+    """The version of libc6 in guest_sysroot(guest) (and the guest), and in
+    other_libc_sysroot(guest)."""
+    env = guest_sysroot(guest).parent / LIBC_ENV
+    values = dict(line.split("=", 1) for line in env.read_text().splitlines() if "=" in line)
     return values["version"], values.get("other_version") or None
 
 

@@ -11,11 +11,13 @@
 # --ram sets the guest's memory (default 256M; e.g. 2G).
 # --memory-backend keeps the guest's RAM in the file PATH (shared), which qmpprof
 # --mem-path PATH maps to read guest memory without system calls.
-# --abi picks the kernel (default $KERNEL_ABI, else fetch.sh's first; `fetch.sh --list`).
+# --abi picks the kernel (default $KERNEL_ABI, else fetch.sh's first; `fetch.sh --list`),
+# and so the initramfs: bullseye's kernel boots build/bullseye/'s, with bullseye's libc.
 # --gdb opens QEMU's gdbstub on a unix socket, or on a TCP port of 127.0.0.1 if a number.
 # On success prints, one per line on stdout:
 #   pid=<QEMU pid> kernel=<debug vmlinux> vmlinuz=<boot image> abi=<ABI> qmp=<socket>
 #   gdb=<socket, 127.0.0.1:PORT or empty> serial=<log> accel=tcg
+#   initramfs=<the cpio booted> sysroot=<its files as qmpprof --sysroot takes them>
 # Everything else (make, downloads, diagnostics) goes to stderr.
 set -euo pipefail
 
@@ -49,7 +51,7 @@ while [[ $# -gt 0 ]]; do
         --memory-backend) membackend=${2:?--memory-backend needs a value}; shift 2 ;;
         --append) append=${2:?--append needs a value}; shift 2 ;;
         --ram) MEMORY=${2:?--ram needs a value}; shift 2 ;;
-        -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
+        -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
         *) die "unknown argument '$1'" ;;
     esac
 done
@@ -78,11 +80,15 @@ declare -A kernel  # several boot.sh may run at once: one fetch at a time
 while IFS='=' read -r key value; do kernel[$key]=$value; done < <(
     flock "$cache/.fetch.lock" "$HERE/fetch.sh" $abi)
 [[ -n ${kernel[vmlinuz]:-} ]] || die "fetch.sh found no kernel"
+# The kernel's release (fetch.sh's release=, empty for the host's) picks the flavour:
+# an older release's guest runs that release's libc, in build/RELEASE/.
+flavour=$HERE/build${kernel[release]:+/${kernel[release]}}
+[[ -f $flavour/initramfs.cpio ]] || die "no $flavour/initramfs.cpio (make -C $HERE)"
 
 pidfile=$(mktemp "${TMPDIR:-/tmp}/qmpprof-linux.XXXXXX")
 trap 'rm -f "$pidfile"' EXIT
 args=(-accel tcg -display none -no-reboot -m "$MEMORY" -smp "$smp" -name qmpprof-linux
-      -kernel "${kernel[vmlinuz]}" -initrd "$HERE/build/initramfs.cpio"
+      -kernel "${kernel[vmlinuz]}" -initrd "$flavour/initramfs.cpio"
       -append "console=ttyS0 quiet panic=-1 $kaslr${workloads:+ qmpprof.workloads=$workloads}${append:+ $append}"
       -serial "file:$serial" -qmp "unix:$qmp,server=on,wait=off"
       -daemonize -pidfile "$pidfile")
@@ -114,3 +120,5 @@ echo "qmp=$qmp"
 echo "gdb=$gdb"
 echo "serial=$serial"
 echo "accel=tcg"
+echo "initramfs=$flavour/initramfs.cpio"
+echo "sysroot=$flavour/sysroot"

@@ -5,18 +5,26 @@
 #
 #   fetch.sh [ABI]     ABI defaults to $KERNEL_ABI, else the first of KERNELS (bookworm)
 #   fetch.sh --all     every kernel in KERNELS (the ones the tests boot)
-#   fetch.sh --list    the ABIs in KERNELS, one a line
-#   fetch.sh --libc    Debian's libc6 and libc6-dbg for the guest's user space, extracted
+#   fetch.sh --list [RELEASE]
+#                      the ABIs in KERNELS, one a line (with RELEASE, bullseye, its only)
+#   fetch.sh --libc [ABI]
+#                      Debian's libc6 and libc6-dbg for the guest's user space, extracted
 #                      to ~/.cache/qmpprof/sysroot/libc6_VERSION/ (VERSION: the host's
 #                      libc6 if the archive still has it, else apt's candidate), and a
-#                      second version the archive offers (the tests' wrong libc), if any
+#                      second version the archive offers (the tests' wrong libc), if any.
+#                      With an ABI of the older release: that release's newest libc6
+#                      (its guests run their own release's user space), no second one,
+#                      and libc6-dev's tree to build our programs against it
 #
 # A kernel only bookworm-backports has (6.12) makes it add that archive to apt's sources
 # once (NotAutomatic there: `apt-get upgrade` still takes nothing from it). One of an older
 # release (bullseye's 5.10) is found through package lists of that release kept in the
 # cache (~/.cache/qmpprof/apt/bullseye): the host's apt sources never name it.
-# Prints, one per line on stdout: vmlinuz=<path> vmlinux=<path> abi=<ABI> per kernel;
-# with --libc: libc=<dir> version=<V> other_libc=<dir or empty> other_version=<V or empty>.
+# Prints, one per line on stdout: vmlinuz=<path> vmlinux=<path> abi=<ABI> release=<R> per
+# kernel (R: the older release whose user space its guest runs, bullseye, or empty for the
+# host's: the flavour of examples/linux/build/ that boot.sh boots);
+# with --libc: libc=<dir> version=<V> other_libc=<dir or empty> other_version=<V or empty>,
+# and for the older release dev=<dir> (libc6-dev's tree: gcc --sysroot=<dir>).
 set -euo pipefail
 
 # The kernels the tests boot: bookworm's own 6.1, bookworm-backports' 6.12 and
@@ -29,6 +37,11 @@ OLD_SUITES=("debian $OLD_RELEASE main" "debian-security $OLD_RELEASE-security ma
 cache=${QMPPROF_CACHE:-$HOME/.cache/qmpprof}
 debs=$cache/debian
 SUDO=$([[ $(id -u) == 0 ]] || echo sudo)
+
+# release ABI: OLD_RELEASE if kernel ABI is that release's, else nothing (the host's).
+release() {
+    [[ $1 != "$OLD_RELEASE_ABI"* ]] || echo "$OLD_RELEASE"
+}
 
 # has PACKAGE: apt's lists know PACKAGE.
 has() {
@@ -110,7 +123,7 @@ fetch() {
     [[ $abi =~ ^[0-9][0-9a-z.+-]*$ ]] || { echo "fetch.sh: bad kernel ABI '$abi'" >&2; exit 1; }
     mkdir -p "$debs" "$out"
     local OLD=''  # seen by deb(): the kernel of an older release
-    [[ $abi != "$OLD_RELEASE_ABI"* ]] || OLD=1
+    [[ -z $(release "$abi") ]] || OLD=1
     if [[ ! -s $out/vmlinuz ]]; then
         package=$(deb "linux-image-$abi-unsigned")  # set -e: a failed download ends here
         extract "$package" "./boot/vmlinuz-$abi" "$out/vmlinuz"
@@ -122,28 +135,54 @@ fetch() {
     echo "vmlinuz=$out/vmlinuz"
     echo "vmlinux=$out/vmlinux"
     echo "abi=$abi"
+    echo "release=$(release "$abi")"
+}
+
+# versions PACKAGE: every version of PACKAGE apt's lists know (OLD_RELEASE's when OLD=1),
+# newest first, each once (madison says one a suite).
+versions() {
+    local apt=()
+    if [[ ${OLD:-} == 1 ]]; then
+        old_release_apt
+        apt=("${OLD_APT[@]}")
+    fi
+    apt-cache "${apt[@]}" madison "$1" 2>/dev/null |
+        awk -F'|' -v name="$1" '{gsub(/ /, "")} $1 == name && !seen[$2]++ {print $2}'
 }
 
 # libc_versions: every libc6 version apt's lists know, newest first.
 libc_versions() {
-    apt-cache madison libc6 2>/dev/null | awk -F' [|] ' '$1 ~ /libc6/ {gsub(/ /, "", $2); print $2}'
+    versions libc6
 }
 
-# libc_tree VERSION: libc6 and libc6-dbg of VERSION, downloaded into the cache once and
-# extracted together (dpkg-deb -x) into one directory laid out as the guest's root.
-libc_tree() {
-    local version=$1 out=$cache/sysroot/libc6_$1 package file
+# package_tree NAME PACKAGE=VERSION...: the packages, downloaded into the cache once and
+# extracted together (dpkg-deb -x) into ~/.cache/qmpprof/sysroot/NAME, laid out as the
+# guest's root.
+# Absolute symbolic links are made relative (bullseye's /lib64/ld-linux-x86-64.so.2 ->
+# /lib/x86_64-linux-gnu/ld-2.31.so): read through on the host, they would reach the
+# host's own files, or none.
+package_tree() {
+    local out=$cache/sysroot/$1 spec file link target; shift
     if [[ ! -d $out ]]; then
         mkdir -p "$debs" "$cache/sysroot"
         rm -rf "$out.part" && mkdir "$out.part"
-        for package in libc6 libc6-dbg; do
-            file=$(deb "$package" "$version")
+        for spec in "$@"; do
+            file=$(deb "${spec%%=*}" "${spec#*=}")
             echo "fetch.sh: extracting $(basename "$file")" >&2
             dpkg-deb -x "$file" "$out.part"
+        done
+        find "$out.part" -type l -lname '/*' -print0 | while IFS= read -r -d '' link; do
+            target=$out.part$(readlink "$link")
+            ln -sfn "$(realpath -ms --relative-to="${link%/*}" "$target")" "$link"
         done
         mv "$out.part" "$out"
     fi
     echo "$out"
+}
+
+# libc_tree VERSION: libc6 and libc6-dbg of VERSION: the guest's files, their debug files.
+libc_tree() {
+    package_tree "libc6_$1" "libc6=$1" "libc6-dbg=$1"
 }
 
 # libc: the guest's libc (the host's version when the archive has it) and another one.
@@ -172,9 +211,31 @@ libc() {
     echo "other_version=$other"
 }
 
+# old_libc: OLD_RELEASE's newest libc6 for its guests, through its own lists, and the tree
+# our dynamically linked files are built against for them (dev=): built against the host's
+# newer glibc they would need its symbol versions (GLIBC_2.34), which the guest's libc
+# lacks. No second version: the wrong-libc tests boot the host release's kernel.
+old_libc() {
+    local OLD=1 version headers tree dev  # OLD: seen by versions() and deb()
+    version=$(versions libc6 | head -n 1)
+    headers=$(versions linux-libc-dev | head -n 1)  # glibc's headers include <linux/*.h>
+    [[ -n $version && -n $headers ]] ||
+        { echo "fetch.sh: $OLD_RELEASE's lists have no libc6 or linux-libc-dev" >&2; exit 1; }
+    tree=$(libc_tree "$version")
+    dev=$(package_tree "libc6-dev_$version" "libc6=$version" "libc6-dev=$version" \
+        "linux-libc-dev=$headers")
+    echo "libc=$tree"
+    echo "version=$version"
+    echo "other_libc="
+    echo "other_version="
+    echo "dev=$dev"
+}
+
 case ${1:-} in
-    --libc) libc ;;
-    --list) printf '%s\n' "${KERNELS[@]}" ;;
+    --libc) if [[ -n $(release "${2:-}") ]]; then old_libc; else libc; fi ;;
+    --list) for abi in "${KERNELS[@]}"; do
+                [[ -n ${2:-} && $(release "$abi") != "$2" ]] || echo "$abi"
+            done ;;
     --all) for abi in "${KERNELS[@]}"; do fetch "$abi"; done ;;
     *) fetch "${1:-${KERNEL_ABI:-${KERNELS[0]}}}" ;;
 esac

@@ -11,6 +11,10 @@ see exactly the guest's bytes.
 
 Symbolic links in the tree are kept, made relative (Debian's /lib64/ld-linux-x86-64.so.2
 points at an absolute path, which on the host would be the host's own ld.so).
+
+Each of our files must need no symbol version its libraries here lack (GLIBC_2.34 of a
+program built against the host's glibc, for bullseye's 2.31): it would not start in the
+guest, so the build stops here instead.
 """
 
 import os
@@ -87,6 +91,36 @@ def find_library(name: str, tree: Path, output: Path) -> str:
     sys.exit(f"mksysroot.py: no {name} in {tree} or among our files")
 
 
+def symbol_versions(elf: Path) -> tuple[set[str], dict[str, set[str]]]:
+    """The symbol versions `elf` defines, and those it needs by library (readelf -V)."""
+    defined: set[str] = set()
+    needed: dict[str, set[str]] = {}
+    section = library = ""
+    for line in readelf("-V", str(elf)).splitlines():
+        if line.startswith("Version "):  # Version {symbols,definition,needs} section ...
+            section = line.split()[1]
+        elif section == "definition" and (found := re.search(r"Index: .* Name: (\S+)", line)):
+            defined.add(found.group(1))
+        elif section == "needs" and (found := re.search(r"File: (\S+)", line)):
+            library = found.group(1)
+        elif section == "needs" and (found := re.search(r"Name: (\S+)", line)):
+            needed.setdefault(library, set()).add(found.group(1))
+    return defined, needed
+
+
+def check_versions(output: Path, tree: Path, ours: dict[str, Path]) -> None:
+    """Each of `ours` needs only symbol versions its libraries in `output` define."""
+    for source in ours.values():
+        for library, versions in symbol_versions(source)[1].items():
+            path = output / find_library(library, tree, output).lstrip("/")
+            missing = versions - symbol_versions(path)[0]
+            if missing:
+                sys.exit(
+                    f"mksysroot.py: {source} needs {', '.join(sorted(missing))} of {library},"
+                    f" which {tree} lacks (build it against that libc: gcc --sysroot)"
+                )
+
+
 def build(output: Path, tree: Path, ours: dict[str, Path]) -> None:
     for guest_path, source in ours.items():
         place(source, output, guest_path)
@@ -108,6 +142,7 @@ def build(output: Path, tree: Path, ours: dict[str, Path]) -> None:
         place(real, output, real_guest_path)
         copy_debug_file(tree, real, output)
         pending += dependencies(real)
+    check_versions(output, tree, ours)
 
 
 def main() -> None:

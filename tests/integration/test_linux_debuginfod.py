@@ -73,7 +73,7 @@ def server(guest: LinuxGuest, tmp_path_factory: pytest.TempPathFactory) -> Itera
     if shutil.which("debuginfod") is None or shutil.which("bsdtar") is None:
         pytest.fail("make test installs Debian's debuginfod and libarchive-tools (bsdtar)")
     folder = tmp_path_factory.mktemp("debs")
-    version = libc_versions()[0]
+    version = libc_versions(guest)[0]
     wanted = [f"linux-image-{guest.abi}-dbg_*.deb", f"libc6_{version}_*.deb"]
     wanted.append(f"libc6-dbg_{version}_*.deb")
     for pattern in wanted:

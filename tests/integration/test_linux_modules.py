@@ -68,7 +68,8 @@ def test_module_dir_names_a_modules_functions_as_kallsyms_does(
     crc8 is symbolized by its name at its address."""
     expected = kallsyms_of_crc8(module_guest)
     assert expected, "the guest's init printed no crc8 symbol: nothing is tested"
-    (tmp_path / "crc8.ko").write_bytes(initramfs_file(f"lib/modules/{module_guest.abi}/crc8.ko"))
+    crc8 = initramfs_file(f"lib/modules/{module_guest.abi}/crc8.ko", module_guest)
+    (tmp_path / "crc8.ko").write_bytes(crc8)
     options = TargetOptions(module_guest.qmp, module_guest.kernel, module_dirs=(tmp_path,))
     analyzer = build_analyzer(options)
 

@@ -58,7 +58,7 @@ def pauses(guest: LinuxGuest) -> Iterator[tuple[Stack, Stack]]:
         qmp_call(guest.qmp, "stop")
         try:
             bare = dynwork_stack(guest)
-            full = dynwork_stack(guest, "--sysroot", str(guest_sysroot()))
+            full = dynwork_stack(guest, "--sysroot", str(guest_sysroot(guest)))
         finally:
             qmp_call(guest.qmp, "cont")
         if bare is not None and full is not None:
@@ -66,7 +66,8 @@ def pauses(guest: LinuxGuest) -> Iterator[tuple[Stack, Stack]]:
 
 
 @pytest.fixture(scope="module", params=kernel_abis())
-def stacks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list:  # type: ignore[type-arg]
+def stacks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple:  # type: ignore[type-arg]
+    """The guest's sysroot (its kernel's: bullseye's 5.10 has its own libc) and the pairs."""
     workdir = tmp_path_factory.mktemp("linux-page-cache")
     boot = ("--smp", "2", "--workloads", "dynwork")
     with running_linux(workdir, *boot, abi=request.param) as guest:
@@ -75,7 +76,7 @@ def stacks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
             found.append(pair)
             if len(found) >= ENOUGH_STACKS:
                 break
-        return found
+        return guest_sysroot(guest), found
 
 
 def aliases(sysroot: Path) -> dict[str, str]:
@@ -90,11 +91,12 @@ def aliases(sysroot: Path) -> dict[str, str]:
 
 
 def test_without_a_sysroot_dynwork_unwinds_to_start_as_with_it(
-    stacks: list[tuple[Stack, Stack]],
+    stacks: tuple[Path, list[tuple[Stack, Stack]]],
 ) -> None:
-    assert stacks, "dynwork was never caught in user code"
-    names = aliases(guest_sysroot())
-    for bare, full in stacks:
+    sysroot, pairs = stacks
+    assert pairs, "dynwork was never caught in user code"
+    names = aliases(sysroot)
+    for bare, full in pairs:
         shown = f"\nwithout: {bare}\nwith:    {full}"
         assert [a for a, _ in bare] == [a for a, _ in full], shown
         assert full[-1][1] == "_start", shown

@@ -54,14 +54,14 @@ def record(guest: LinuxGuest, output: Path, *extra: str) -> str:
 
 
 def test_a_wrong_libc_is_reported_and_names_nothing(guest: LinuxGuest, tmp_path: Path) -> None:
-    other = other_libc_sysroot()
+    other = other_libc_sysroot(guest)
     if other is None:
         pytest.skip("the package archive offers one version of libc6 only")
     folded = tmp_path / "p.folded"
     out = record(guest, folded, "--sysroot", str(other))
     said = next((line for line in out.splitlines() if line.startswith(f"{LIBC}: not used")), "")
     assert build_id(other / LIBC.lstrip("/")) in said, out
-    assert build_id(guest_sysroot() / LIBC.lstrip("/")) in said, out
+    assert build_id(guest_sysroot(guest) / LIBC.lstrip("/")) in said, out
     frames = {
         f for line in folded.read_text().splitlines() for f in line.rsplit(" ", 1)[0].split(";")
     }
@@ -77,7 +77,7 @@ def dumps_of_one_pause(guest: LinuxGuest) -> tuple[dict[str, Any], dict[str, Any
     try:
         base = ["dump", "--json", "--qmp-socket", guest.qmp, "--kernel", str(guest.kernel)]
         bare, full = (
-            run_cached(*base, *extra) for extra in ([], ["--sysroot", str(guest_sysroot())])
+            run_cached(*base, *extra) for extra in ([], ["--sysroot", str(guest_sysroot(guest))])
         )
         assert bare.returncode == 0 and full.returncode == 0, bare.stderr + full.stderr
         return json.loads(bare.stdout), json.loads(full.stdout)
@@ -110,7 +110,7 @@ def library_aliases(sysroot: Path) -> dict[str, str]:
 def test_without_a_sysroot_user_frames_are_files_and_offsets_never_wrong_names(
     guest: LinuxGuest,
 ) -> None:
-    aliases = library_aliases(guest_sysroot())
+    aliases = library_aliases(guest_sysroot(guest))
     files = {"dynwork", "libc.so.6", "libqmpwork.so.1", "ld-linux-x86-64.so.2"}
     compared = 0
     for _ in range(8):
@@ -138,7 +138,7 @@ def test_pprof_names_libc_with_its_mapping_path_and_build_id(
     if go is None:
         pytest.fail("go is needed (make consumers installs golang-go)")
     profile, folded = tmp_path / "p.pb.gz", tmp_path / "p.folded"
-    record(guest, profile, "--sysroot", str(guest_sysroot()), "-o", str(folded))
+    record(guest, profile, "--sysroot", str(guest_sysroot(guest)), "-o", str(folded))
     for line in folded.read_text().splitlines():
         stack = line.rsplit(" ", 1)[0].split(";")
         if stack[0].startswith("dynwork (") and any(f.startswith("asm_") for f in stack):
@@ -149,7 +149,7 @@ def test_pprof_names_libc_with_its_mapping_path_and_build_id(
         [go, "tool", "pprof", "-raw", str(profile)], capture_output=True, text=True, check=True
     ).stdout
     mapping = next(line for line in raw.splitlines() if LIBC in line)
-    assert build_id(guest_sysroot() / LIBC.lstrip("/")) in mapping, mapping
+    assert build_id(guest_sysroot(guest) / LIBC.lstrip("/")) in mapping, mapping
     top = subprocess.run(
         [go, "tool", "pprof", "-top", "-sample_index=samples", str(profile)],
         capture_output=True,
