@@ -1,9 +1,9 @@
-"""Hostile memory maps: a guest whose task, maple tree, VMAs, files and dentries are random
-words, often pointers back into the same few pages (encoded maple nodes of every type,
-cycles, self-loops, the lower half, the end of the address space), or pages of nodes
-each pointing at the next (a tree deeper than MAX_DEPTH). The walk ends, reads nothing
-twice, raises only MemoryFault, and what it gives is bounded; so does the build-id reader
-over random and mutated ELF headers."""
+"""Hostile memory maps: a guest whose task, maple tree or VMA list (5.10), VMAs, files and
+dentries are random words, often pointers back into the same few pages (encoded maple
+nodes of every type, cycles, self-loops, the lower half, the end of the address space),
+or pages of nodes each pointing at the next (a tree deeper than MAX_DEPTH). The walk
+ends, reads nothing twice, raises only MemoryFault, and what it gives is bounded; so
+does the build-id reader over random and mutated ELF headers."""
 
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ from tests.fuzz.kernel_pages import BASE, PAGE, PAGES, RandomKernelPages
 
 #: Debian 6.1's offsets, as GDB prints them (tests/unit/data/linux/maps.json).
 LAYOUT = MapsLayout(2272, 8, 0, 8, 32, 104, 112, 24, 24, 36, 40, 88)
+#: Debian 5.10's: the VMAs a list from mm_struct.mmap along vm_next (the same file).
+LIST_LAYOUT = MapsLayout(2056, 0, 0, 8, 80, 152, 160, 24, 24, 36, 40, 136, 80, 16)
 TASK = BASE
 
 
@@ -84,9 +86,12 @@ class FaultingFirst:
         return int.from_bytes(self.read(address, 8), "little")
 
 
-def walk_all(memory: FaultingFirst) -> tuple[MappedFile, ...] | None:
+Found = tuple[MappedFile, ...] | None
+
+
+def walk_all(memory: FaultingFirst, layout: MapsLayout = LAYOUT) -> Found:
     """The walk's answer; None when it needed memory that cannot be read."""
-    walk = MapsWalk(LAYOUT, TASK)
+    walk = MapsWalk(layout, TASK)
     while True:
         try:
             return walk.advance(memory)
@@ -104,7 +109,8 @@ def walk_all(memory: FaultingFirst) -> tuple[MappedFile, ...] | None:
 @given(st.integers(min_value=0, max_value=(1 << 32) - 1))
 @counted
 def test_maps_walk_ends_bounded(seed: int) -> None:
-    found = walk_all(FaultingFirst(RandomKernelPages(seed, random_page)))
+    layout = LIST_LAYOUT if seed % 3 == 1 else LAYOUT  # a VMA list (5.10) or a maple tree
+    found = walk_all(FaultingFirst(RandomKernelPages(seed, random_page)), layout)
     if found is None:
         return
     assert [m.start for m in found] == sorted(m.start for m in found)

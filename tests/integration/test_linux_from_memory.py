@@ -31,7 +31,7 @@ from qmpprof.commands.connect import connected
 from qmpprof.errors import BadGuestKernel
 from qmpprof.guest.dwarf_types import read_layout
 from qmpprof.guest.linux import vmcoreinfo
-from qmpprof.guest.linux.from_memory import GuestKernel, read_guest_kernel
+from qmpprof.guest.linux.from_memory import NO_BTF, GuestKernel, read_guest_kernel
 from qmpprof.symbols.elf_file import open_elf
 from qmpprof.unwind.orc import read_orc
 from tests.integration.conftest import run_cached
@@ -199,6 +199,24 @@ def test_a_corrupted_kallsyms_table_gives_one_line_and_no_kernel_names(
         stderr, stacks = run_without_kernel(guest, tmp_path)
     assert_no_kernel_named(stderr, stacks)
     assert "kallsyms" in stderr
+
+
+def test_a_kernel_without_btf_says_what_names_its_processes(
+    linux: tuple[LinuxGuest, GuestRam], tmp_path: Path
+) -> None:
+    """The image's BTF made unreadable (its magic zeroed, as a kernel built without
+    CONFIG_DEBUG_INFO_BTF has none): kernel frames are still named, processes are not,
+    and the kernel's line says what names them."""
+    guest, ram = linux
+    _, kernel = from_memory(ram)
+    (linked,) = nm_symbols(guest.kernel)["__start_BTF"]
+    where = kernel.info.physical(linked + kernel.info.kernel_offset)
+    assert ram.read(where, 2) == b"\x9f\xeb"
+    with ram.overwritten(where, b"\0\0"):
+        stderr, stacks = run_without_kernel(guest, tmp_path)
+    assert "from guest memory" in stderr and NO_BTF in stderr, stderr
+    assert "do_syscall_64" in stacks  # kallsyms and ORC still name the kernel's frames
+    assert "sysloop (" not in stacks
 
 
 def test_the_vmlinux_given_still_wins(linux: tuple[LinuxGuest, GuestRam], tmp_path: Path) -> None:

@@ -96,7 +96,21 @@ def test_the_dwarf_layout_is_gdbs(abi: str) -> None:
     assert maps_layout(ElfTypes(vmlinux)) == gdb_layout(abi)
 
 
-@pytest.mark.parametrize("abi", ABIS)
+MAPLE_ABIS = [abi for abi in ABIS if DATA[abi]["gdb"]["ptype"]]
+
+
+def test_a_kernel_without_a_maple_tree_is_walked_as_a_list() -> None:
+    """5.10's VMAs are a list (mm_struct.mmap, vm_next): GDB's layout says so, and the
+    walk above read it."""
+    listed = [abi for abi in ABIS if abi not in MAPLE_ABIS]
+    assert listed, "no kernel of the list era recorded: nothing is tested"
+    for abi in listed:
+        assert gdb_layout(abi).vm_next is not None
+    for abi in MAPLE_ABIS:
+        assert gdb_layout(abi).vm_next is None
+
+
+@pytest.mark.parametrize("abi", MAPLE_ABIS)
 def test_the_maple_node_shapes_are_gdbs(abi: str) -> None:
     """Pivots, slots and metadata where GDB's ptype/o puts them, in both node types."""
     ptype = DATA[abi]["gdb"]["ptype"]

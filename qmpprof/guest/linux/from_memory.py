@@ -57,6 +57,11 @@ PATH = Path("[guest memory]")
 _CODE_TYPES = frozenset("tTwW")
 #: A BTF blob's first two bytes (little-endian 0xEB9F).
 BTF_MAGIC = MAGIC.to_bytes(2, "little")
+#: What a kernel without BTF lacks, and what gives it (the struct layouts).
+NO_BTF = (
+    "no BTF (processes and their files stay unnamed: --kernel VMLINUX or "
+    "--debuginfod URL names them)"
+)
 #: The largest table read whole: Debian's ORC tables are 2.3 MB, its BTF 5 MB.
 MAX_TABLE = 64 << 20
 #: The most of the image searched for kallsyms (Debian's 5.10: text and rodata, 22 MB).
@@ -80,7 +85,7 @@ class GuestKernel:
         """One line: which kernel, and what was found in its memory."""
         found = [f"{len(self.module.symbols):,} symbols"]
         found += ["ORC"] if self.module.orc is not None else ["no ORC (frame pointers)"]
-        found += ["BTF"] if self.btf else ["no BTF (no process names)"]
+        found += ["BTF"] if self.btf else [NO_BTF]
         return self.describe_from(f"guest memory: {', '.join(found)}")
 
     def describe_from(self, source: str) -> str:

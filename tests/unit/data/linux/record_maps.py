@@ -2,12 +2,15 @@
 tests.unit.data.linux.record_maps` (from the repository root, after `make linux-guest`;
 GDB is needed).
 
-For each kernel the tests boot (Debian 12's 6.1, backports' 6.12), it boots the Linux
+For each kernel the tests boot (Debian 12's 6.1, backports' 6.12, bullseye's 5.10; or
+those named as arguments: `python -m tests.unit.data.linux.record_maps 5.10.0-46-amd64`
+records that one and keeps the others' records), it boots the Linux
 example guest (KASLR on), samples it until each CPU-bound workload runs in user mode on
 a vCPU, reads that process's memory map there as `record` would (record/process_maps.py,
 memory backend `hmp`) and saves to maps.json:
 
-- GDB's offsets of every member the walk reads, and its ptype of the maple nodes;
+- GDB's offsets of every member the walk reads, and its ptype of the maple nodes (a
+  kernel whose VMAs are a list, 5.10: mm_struct.mmap and vm_area_struct.vm_next);
 - for each workload caught: its pid, the bytes each read of the walk and of the
   build-id reader returned (exactly what they asked for, not whole pages), and the task;
 - the lines init printed from /proc/PID/maps (the oracle) and each workload's build-id
@@ -23,6 +26,7 @@ import contextlib
 import json
 import re
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -63,21 +67,36 @@ GDB_LAYOUT = (
     "&((struct mm_struct *)0)->pgd",
 )
 GDB_PTYPES = ("struct maple_range_64", "struct maple_arange_64")
+#: Before 6.1 the VMAs are a list: mm_struct.mmap in mm_mt.ma_root's place, and
+#: vm_area_struct.vm_next last (MapsLayout's order).
+GDB_LIST_ROOT = "&((struct mm_struct *)0)->mmap"
+GDB_LIST_NEXT = "&((struct vm_area_struct *)0)->vm_next"
+
+
+def gdb_output(vmlinux: Path, commands: list[str]) -> str:
+    done = subprocess.run(
+        ["gdb", "-batch", "-nx", *commands, str(vmlinux)], capture_output=True, text=True
+    )
+    return done.stdout
 
 
 def gdb(vmlinux: Path) -> dict[str, Any]:
-    """GDB's MapsLayout offsets and its ptype/o of the maple nodes."""
+    """GDB's MapsLayout offsets and its ptype/o of the maple nodes (none for a kernel
+    whose VMAs are a list)."""
+    maple = "$1 = " in gdb_output(vmlinux, ["-ex", "print sizeof(struct maple_tree)"])
+    expressions = list(GDB_LAYOUT)
+    if not maple:
+        expressions[1] = GDB_LIST_ROOT
+        expressions.append(GDB_LIST_NEXT)
     commands = []
-    for expression in GDB_LAYOUT:
+    for expression in expressions:
         commands += ["-ex", f"print (long){expression}"]
-    for name in GDB_PTYPES:
+    for name in GDB_PTYPES if maple else ():
         commands += ["-ex", f"ptype/o {name}"]
-    out = subprocess.run(
-        ["gdb", "-batch", "-nx", *commands, str(vmlinux)], capture_output=True, text=True
-    ).stdout
+    out = gdb_output(vmlinux, commands)
     offsets = [int(v) for v in re.findall(r"^\$\d+ = (\d+)$", out, re.MULTILINE)]
-    assert len(offsets) == len(GDB_LAYOUT), out
-    return {"layout": offsets, "ptype": out[out.index("/* offset") :]}
+    assert len(offsets) == len(expressions), out
+    return {"layout": offsets, "ptype": out[out.index("/* offset") :] if maple else ""}
 
 
 def readelf_build_id_hex(path: Path) -> str | None:
@@ -175,7 +194,10 @@ def record_kernel(abi: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    document = {abi: record_kernel(abi) for abi in kernel_abis()}
+    """Every kernel, or those named on the command line (the others' records kept)."""
+    chosen = sys.argv[1:] or kernel_abis()
+    document = json.loads(OUT.read_text()) if sys.argv[1:] else {}
+    document.update({abi: record_kernel(abi) for abi in chosen})
     OUT.write_text(json.dumps(document, indent=1) + "\n")
 
 
