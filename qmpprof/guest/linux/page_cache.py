@@ -5,8 +5,9 @@ are in no page table, but a file just executed is mostly in the page cache.
 The way there: `struct file`'s f_mapping (an address_space), its `i_pages` xarray
 (include/linux/xarray.h, lib/xarray.c) indexed by the page's index in the file, whose
 entry is the folio (6.1 and 6.12 alike) holding that index — before folios (5.16) the
-struct page, a huge page's head page in every slot it covers (5.10's find_subpage adds
-the distance from its index); the folio's struct page is
+struct page (a huge page's head page is in every slot it covers, and its index is its
+first: such a page is not taken, as nothing read tells a head page from one whose index
+was changed); the folio's struct page is
 in the vmemmap array, so its page frame number is its distance from `vmemmap_base` in
 sizeof(struct page); the page's bytes are in the direct map at `page_offset_base` +
 pfn * 4096. Both bases are variables that KASLR randomizes, read from the guest.
@@ -55,8 +56,7 @@ _STRUCTS = {"file", "address_space", "xarray", "folio", "page"}
 #: sizeof(struct page) where no struct folio embeds one to tell (5.10's VMCOREINFO says
 #: SIZE(page)=64, as every x86-64 kernel with a vmemmap has it).
 PAGE_STRUCT_BEFORE_FOLIOS = 64
-#: The most pages one entry covers before folios: a PMD-sized huge page.
-MAX_HEAD_PAGES = 512
+
 _MEMBERS = ("f_mapping", "i_pages", "xa_head", "mapping", "index", "page")
 
 
@@ -71,8 +71,6 @@ class PageCacheLayout:
     page_struct: int  # sizeof(struct page): folio.page's size
     vmemmap_base: int  # the variables' link addresses
     page_offset_base: int
-    #: Before folios: an entry is a head page, its `index` the first its pages cover.
-    head_pages: bool = False
 
     @classmethod
     def from_kernel(cls, types: KernelTypes) -> PageCacheLayout | None:
@@ -91,7 +89,6 @@ class PageCacheLayout:
                 page_struct or 0,
                 v["vmemmap_base"],
                 v["page_offset_base"],
-                "folio" not in s,
             )
         except KeyError:
             return None
@@ -147,8 +144,6 @@ def file_page(
     data = memory.read(folio, layout.folio_span)
     owner = int.from_bytes(data[layout.folio_mapping : layout.folio_mapping + 8], "little")
     start = int.from_bytes(data[layout.folio_index : layout.folio_index + 8], "little")
-    if layout.head_pages and start <= index < start + MAX_HEAD_PAGES:
-        first = start
     pfn = head + index - first
     if owner != mapping or start != first or pfn >= MAX_PFN:
         return None

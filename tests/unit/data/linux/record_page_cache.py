@@ -2,14 +2,16 @@
 tests.unit.data.linux.record_page_cache` (from the repository root, after `make -C
 examples/linux`; GDB is needed).
 
-For each kernel the tests boot (Debian 12's 6.1, backports' 6.12), it boots the Linux
+For each kernel the tests boot (Debian 12's 6.1, backports' 6.12, bullseye's 5.10; or
+those named as arguments, the others' records kept), it boots the Linux
 example guest running dynwork (KASLR on), catches dynwork in user mode on a vCPU, reads
 its maps there (record/process_maps.py, memory backend `hmp`) and, for every page of
 libc's .eh_frame, looks the page up in the page cache as record does
 (guest/linux/page_cache.py). Saved to page_cache.json:
 
-- GDB's offsets and sizes the walk uses, the variables' link addresses, its ptype of
-  struct xa_node;
+- GDB's offsets and sizes the walk uses (struct page's members before folios, 5.10),
+  the variables' link addresses, its ptype of struct xa_node;
+- the guest's sysroot (its release's libc: the oracle's bytes);
 - the kernel's slide, libc's struct file and VMAs (FileSource), and each page: its
   address in the process, whether the process's page tables map it, and the SHA-256 of
   the 4096 bytes at the direct-map address the walk gave (the oracle is the sysroot's
@@ -26,7 +28,7 @@ import functools
 import hashlib
 import json
 import re
-import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -49,11 +51,12 @@ from qmpprof.record.page_reader import UNREADABLE, PageReader
 from qmpprof.record.process_maps import read_maps
 from qmpprof.target.memory import MemoryBackend
 from tests.linux_tasks import catch_running
-from tests.linux_vm import kernel_abis, running_linux, started_pids
-from tests.unit.data.linux.record_maps import Recorded, RecordingBackend
+from tests.linux_vm import LinuxGuest, kernel_abis, running_linux, started_pids
+from tests.unit.data.linux.record_maps import Recorded, RecordingBackend, gdb_output
 
 OUT = Path(__file__).with_name("page_cache.json")
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
+ROOT = Path(__file__).parents[4]
 #: GDB expressions for PageCacheLayout's fields, in its order.
 GDB_LAYOUT = (
     "(long)&((struct file *)0)->f_mapping",
@@ -67,14 +70,15 @@ GDB_LAYOUT = (
 
 
 def gdb(vmlinux: Path) -> dict[str, Any]:
+    """GDB's PageCacheLayout; before folios (5.10) struct page's members."""
+    folios = "$1 = " in gdb_output(vmlinux, ["-ex", "print sizeof(struct folio)"])
+    expressions = [e if folios else e.replace("struct folio", "struct page") for e in GDB_LAYOUT]
     commands = []
-    for expression in GDB_LAYOUT:
+    for expression in expressions:
         commands += ["-ex", f"print {expression}"]
     commands += ["-ex", "print (long)&((struct vm_area_struct *)0)->anon_vma"]
     commands += ["-ex", "ptype/o struct xa_node"]
-    out = subprocess.run(
-        ["gdb", "-batch", "-nx", *commands, str(vmlinux)], capture_output=True, text=True
-    ).stdout
+    out = gdb_output(vmlinux, commands)
     values = [int(v) for v in re.findall(r"^\$\d+ = (-?\d+)$", out, re.MULTILINE)]
     assert len(values) == len(GDB_LAYOUT) + 1, out
     layout = [v % (1 << 64) for v in values[:-1]]
@@ -82,15 +86,16 @@ def gdb(vmlinux: Path) -> dict[str, Any]:
 
 
 async def record_libc(
-    memory: MemoryBackend, registers: RegisterSet, task: int, vmlinux: Path, slide: int
+    memory: MemoryBackend, registers: RegisterSet, task: int, guest: LinuxGuest, slide: int
 ) -> dict[str, Any]:
-    vcpu = registers.vcpu
+    vcpu, vmlinux = registers.vcpu, guest.kernel
     layout = page_cache_layout(ElfTypes(vmlinux))
     maps = maps_layout(ElfTypes(vmlinux))
     assert layout is not None and maps is not None
     done = await read_maps(memory, vcpu, maps, task)
     assert done is not None
-    at = next(i for i, m in enumerate(done.files) if m.path == LIBC)
+    libc = "/" + str((guest.sysroot / LIBC[1:]).resolve().relative_to(guest.sysroot.resolve()))
+    at = next(i for i, m in enumerate(done.files) if m.path == libc)
     mapping, source = done.files[at], done.sources[at]
     assert source is not None
     step = LoadedHeadersRead(mapping)
@@ -103,6 +108,7 @@ async def record_libc(
     mapped = [len(await memory.read_window(vcpu, page, 4096)) == 4096 for page in pages]
     kernel = await look_up(memory, vcpu, layout, slide, source, pages)
     return {
+        "sysroot": str(guest.sysroot.relative_to(ROOT)),
         "slide": slide,
         "source": [source.file, [[v.start, v.end, v.pgoff, v.copied] for v in source.vmas]],
         "eh_frame": [headers.eh_frame.address, headers.eh_frame.size],
@@ -148,15 +154,15 @@ async def look_up(
     return found, [list(read) for read in unique]
 
 
-async def record_guest(qmp: str, vmlinux: Path, pid: int) -> dict[str, Any]:
-    options = TargetOptions(qmp, vmlinux, memory="hmp")
+async def record_guest(guest: LinuxGuest, pid: int) -> dict[str, Any]:
+    options = TargetOptions(guest.qmp, guest.kernel, memory="hmp")
     analyzer = build_analyzer(options)
     assert isinstance(analyzer.adapter, LinuxAdapter)
     async with connected(options, analyzer) as (session, memory, _):
         adapter = analyzer.adapter
 
         async def visit(registers: RegisterSet, task: int) -> dict[str, Any]:
-            return await record_libc(memory, registers, task, vmlinux, adapter.bias)
+            return await record_libc(memory, registers, task, guest, adapter.bias)
 
         caught = await catch_running(session, memory, adapter, {pid}, visit)
     return caught[pid]
@@ -168,12 +174,15 @@ def record_kernel(abi: str) -> dict[str, Any]:
         running_linux(Path(work), "--smp", "2", "--workloads", "dynwork", abi=abi) as guest,
     ):
         pid = started_pids(Path(guest.serial).read_text())["dynwork"]
-        found = asyncio.run(record_guest(guest.qmp, guest.kernel, pid))
+        found = asyncio.run(record_guest(guest, pid))
         return {"gdb": gdb(guest.kernel), **found}
 
 
 def main() -> None:
-    document = {abi: record_kernel(abi) for abi in kernel_abis()}
+    """Every kernel, or those named on the command line (the others' records kept)."""
+    chosen = sys.argv[1:] or kernel_abis()
+    document = json.loads(OUT.read_text()) if sys.argv[1:] else {}
+    document.update({abi: record_kernel(abi) for abi in chosen})
     OUT.write_text(json.dumps(document, indent=1) + "\n")
 
 
