@@ -78,8 +78,12 @@ PAUSES = int(os.environ.get("QMPPROF_LINUX_GDB_PAUSES", "20"))
 SWEEP_PAUSES = int(os.environ.get("QMPPROF_LINUX_GDB_SWEEP", "0"))
 KERNEL_HALF = 0xFFFF_8000_0000_0000
 PF_KTHREAD = 0x0020_0000
-#: Where the kernel is entered: assembly without CFI, below which GDB guesses.
-ENTRY = re.compile(r"entry_SYSCALL_64\w*|asm_\w+|ret_from_fork\w*|entry_INT80\w*")
+#: Where the kernel is entered: assembly without CFI, below which GDB guesses. error_entry
+#: (called by the asm_* stubs to push and switch to the task's stack) has a pt_regs
+#: frame in ORC: the kernel's own unwinder, and qmpprof, go from it straight to the
+#: interrupted code, where GDB lists the asm_* stub it returns to or, while the return
+#: address is in a register (5.10, between `popq %r12` and `pushq %r12`), garbage.
+ENTRY = re.compile(r"entry_SYSCALL_64\w*|asm_\w+|ret_from_fork\w*|entry_INT80\w*|error_entry")
 #: GDB's registers that pt_regs holds, with pt_regs's name for each.
 USER_REGISTERS = {
     **{f"r{n}": f"r{n}" for n in range(8, 16)},
@@ -301,7 +305,7 @@ class LinuxOracle:
 
 def trusted_kernel_frames(frames: list[GdbFrame]) -> tuple[list[GdbFrame], bool]:
     """GDB's kernel frames down to the first entry frame (entry_SYSCALL_64, asm_*,
-    ret_from_fork), and whether nothing was cut. These are assembly without CFI in
+    error_entry, ret_from_fork), and whether nothing was cut. These are assembly without CFI in
     .debug_frame: GDB goes on past them by guessing and lists garbage (addresses like 0x1
     named fixed_percpu_data). What lies below an entry frame taken in kernel mode (the
     interrupted kernel code) is therefore not checked; below one taken in user mode the
@@ -319,16 +323,6 @@ def trusted_kernel_frames(frames: list[GdbFrame]) -> tuple[list[GdbFrame], bool]
 def kernel_part_agrees(observed: Observed, ours: Frames) -> bool:
     if observed.kernel_complete and not gdb_gave_up(observed):
         return agree(observed.kernel, ours)
-    if not observed.kernel_complete and len(ours) == len(observed.kernel) - 1:
-        # error_entry's ORC is a pt_regs frame: the kernel's own unwinder (and qmpprof)
-        # go from it straight to the interrupted code, where GDB, guessing, lists the
-        # asm_* entry stub it returns to. What both list must agree.
-        return agree(observed.kernel[:-1], ours)
-    names = [f.function for f in observed.kernel]
-    if not observed.kernel_complete and names[-2:-1] == ["error_entry"]:
-        # The same in kernel mode: qmpprof goes on into the interrupted kernel code.
-        trusted = observed.kernel[:-1]
-        return agree(trusted, ours[: len(trusted)])
     return agree(observed.kernel, ours[: len(observed.kernel)])
 
 
