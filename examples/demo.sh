@@ -29,10 +29,15 @@ if [[ $GUEST == linux ]]; then
     echo "guest running (QEMU pid ${linux[pid]}); profiling for $DURATION s with no kernel file"
     echo "and no sysroot: the kernel's symbols, ORC and BTF come from the guest's memory..."
     users=()
+    # The dynamically linked programs are built per release (a 5.10 guest's against its
+    # own libc, in build/bullseye/): the flavour is where the guest's sysroot is.
+    flavour=$(dirname "${linux[sysroot]}")
     for workload in examples/linux/workloads/*.c; do
         name=$(basename "$workload" .c)
+        program=examples/linux/build/$name
+        [[ -x $flavour/$name ]] && program=$flavour/$name
         # Programs only (qmpwork.c is libqmpwork.so.1's source, found through --sysroot).
-        [[ -x examples/linux/build/$name ]] && users+=(--user "examples/linux/build/$name")
+        [[ -x $program ]] && users+=(--user "$program")
         [[ $name == crunch ]] && users+=(--user examples/linux/build/crunchnofp)
     done
     qmpprof record --qmp-socket "${linux[qmp]}" "${users[@]}" --duration "$DURATION" \
