@@ -5,9 +5,9 @@ kernel image through its own linear mapping (physical = virtual - START_KERNEL_M
 phys_base: no page tables needed):
 - the symbols, from kallsyms (guest/linux/kallsyms.py; before 6.0 VMCOREINFO does not
   say where its tables are, and they are found by their shape: kallsyms_search.py):
-  code symbols become the
-  module's symbol table (each reaching to the next symbol, as /proc/kallsyms has no
-  sizes), the others answer the OS adapter's and walkers' data-symbol lookups;
+  code symbols become the module's symbol table (each reaching to the next symbol, as
+  /proc/kallsyms has no sizes), the others answer the OS adapter's and walkers'
+  data-symbol lookups;
 - the ORC unwind tables, between the `__start_orc_unwind*` / `__stop_orc_unwind*`
   symbols (`__start_orc_header` marks the 6.4 layout);
 - the BTF, between `__start_BTF` and `__stop_BTF`: the struct layouts.
