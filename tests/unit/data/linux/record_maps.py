@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -193,12 +194,17 @@ def record_kernel(abi: str) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    """Every kernel, or those named on the command line (the others' records kept)."""
+def record_kernels(out: Path, record: Callable[[str], dict[str, Any]]) -> None:
+    """`record` of every kernel the tests boot into `out`, or of those named on the
+    command line, the others' records kept (each recording script's main)."""
     chosen = sys.argv[1:] or kernel_abis()
-    document = json.loads(OUT.read_text()) if sys.argv[1:] else {}
-    document.update({abi: record_kernel(abi) for abi in chosen})
-    OUT.write_text(json.dumps(document, indent=1) + "\n")
+    document = json.loads(out.read_text()) if sys.argv[1:] else {}
+    document.update({abi: record(abi) for abi in chosen})
+    out.write_text(json.dumps(document, indent=1) + "\n")
+
+
+def main() -> None:
+    record_kernels(OUT, record_kernel)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,9 @@
 tests.unit.data.linux.record_modules` (from the repository root, after `make
 linux-guest`; nm and GDB are needed, GDB reads each 600 MB vmlinux for minutes).
 
-For each kernel the tests boot (Debian 12's 6.1, backports' 6.12), it boots the Linux
-example guest (KASLR on), whose init loads crc8.ko and prints where /proc/modules puts
-it, and saves to modules.json:
+For each kernel the tests boot (or those named as arguments, the others' records kept),
+it boots the Linux example guest (KASLR on), whose init loads crc8.ko and prints where
+/proc/modules puts it, and saves to modules.json:
 
 - GDB's offsets of what the module walk reads (struct module's state, list, name, and
   core_layout.base/text_size or mem[0].base/size) and nm's address of `modules`;
@@ -18,7 +18,6 @@ Re-record when the kernel or QEMU changes, and read the diff.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import subprocess
 import tempfile
@@ -31,7 +30,8 @@ from qmpprof.memory import WindowMemory
 from qmpprof.model import MemoryWindow
 from qmpprof.target.memory import open_memory
 from qmpprof.target.qmp import QmpSession
-from tests.linux_vm import kernel_abis, running_linux
+from tests.linux_vm import running_linux
+from tests.unit.data.linux.record_maps import gdb_output, record_kernels
 
 OUT = Path(__file__).with_name("modules.json")
 _GDB_MEMBERS = {
@@ -53,8 +53,7 @@ def gdb_offsets(vmlinux: Path) -> dict[str, int]:
     for key, member in _GDB_MEMBERS.items():
         expression = member if "sizeof" in member else f"(long)&((struct module *)0)->{member}"
         commands += ["-ex", f"echo {key}=", "-ex", f"print {expression}", "-ex", "echo \\n"]
-    args = ["gdb", "-batch", "-nx", *commands, str(vmlinux)]
-    out = subprocess.run(args, capture_output=True, text=True, check=False).stdout
+    out = gdb_output(vmlinux, commands)
     return {key: int(value) for key, value in re.findall(r"(\w+)=\$\d+ = (\d+)", out)}
 
 
@@ -121,8 +120,7 @@ def record_kernel(abi: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    document = {abi: record_kernel(abi) for abi in kernel_abis()}
-    OUT.write_text(json.dumps(document, indent=1) + "\n")
+    record_kernels(OUT, record_kernel)
 
 
 if __name__ == "__main__":

@@ -26,9 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
-import json
 import re
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -51,8 +49,13 @@ from qmpprof.record.page_reader import UNREADABLE, PageReader
 from qmpprof.record.process_maps import read_maps
 from qmpprof.target.memory import MemoryBackend
 from tests.linux_tasks import catch_running
-from tests.linux_vm import LinuxGuest, kernel_abis, running_linux, started_pids
-from tests.unit.data.linux.record_maps import Recorded, RecordingBackend, gdb_output
+from tests.linux_vm import LinuxGuest, running_linux, started_pids
+from tests.unit.data.linux.record_maps import (
+    Recorded,
+    RecordingBackend,
+    gdb_output,
+    record_kernels,
+)
 
 OUT = Path(__file__).with_name("page_cache.json")
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
@@ -179,11 +182,7 @@ def record_kernel(abi: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    """Every kernel, or those named on the command line (the others' records kept)."""
-    chosen = sys.argv[1:] or kernel_abis()
-    document = json.loads(OUT.read_text()) if sys.argv[1:] else {}
-    document.update({abi: record_kernel(abi) for abi in chosen})
-    OUT.write_text(json.dumps(document, indent=1) + "\n")
+    record_kernels(OUT, record_kernel)
 
 
 if __name__ == "__main__":
