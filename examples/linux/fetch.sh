@@ -62,14 +62,17 @@ add_backports() {
     $SUDO apt-get update -qq >&2
 }
 
-# old_release_apt: apt's options for package lists of OLD_RELEASE alone, kept in the
-# cache and updated once (the host's sources and dpkg's state stay out of it).
-OLD_APT=()
-old_release_apt() {
+# release_apt: APT, apt's options for the package lists to use: none (the host's) unless
+# OLD=1, then OLD_RELEASE's alone, kept in the cache and updated once (the host's sources
+# and dpkg's state stay out of it).
+APT=()
+release_apt() {
+    APT=()
+    [[ ${OLD:-} == 1 ]] || return 0
     local dir=$cache/apt/$OLD_RELEASE suite
-    OLD_APT=(-o "Dir::Etc::SourceList=$dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
-             -o "Dir::State::Lists=$dir/lists" -o "Dir::Cache=$dir/cache"
-             -o Dir::State::Status=/dev/null)
+    APT=(-o "Dir::Etc::SourceList=$dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
+         -o "Dir::State::Lists=$dir/lists" -o "Dir::Cache=$dir/cache"
+         -o Dir::State::Status=/dev/null)
     [[ -s $dir/lists/.updated ]] && return 0
     echo "fetch.sh: fetching $OLD_RELEASE's package lists into $dir" >&2
     mkdir -p "$dir/lists/partial" "$dir/cache/archives/partial"
@@ -77,28 +80,26 @@ old_release_apt() {
         set -- $suite
         echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/$1 $2 $3"
     done >"$dir/sources.list"
-    apt-get "${OLD_APT[@]}" update -qq >&2
+    apt-get "${APT[@]}" update -qq >&2
     date >"$dir/lists/.updated"
 }
 
 # deb PACKAGE [VERSION]: the path of PACKAGE's .deb in the cache, downloaded if missing;
 # from OLD_RELEASE's lists when OLD=1.
 deb() {
-    local found pattern=$debs/$1_${2:+${2/:/%3a}_}*.deb apt=() wanted=$1${2:+=$2}
+    local found pattern=$debs/$1_${2:+${2/:/%3a}_}*.deb wanted=$1${2:+=$2}
     found=$(compgen -G "$pattern" | head -n 1 || true)
     if [[ -z $found ]]; then
-        if [[ ${OLD:-} == 1 ]]; then
-            old_release_apt
-            apt=("${OLD_APT[@]}")
-        elif ! has "$1"; then
+        release_apt
+        if [[ ${OLD:-} != 1 ]] && ! has "$1"; then
             echo "fetch.sh: updating the package lists to find $1" >&2
             $SUDO apt-get update -qq >&2
             has "$1" || add_backports
         fi
-        apt-cache "${apt[@]}" show "$wanted" >/dev/null 2>&1 ||
+        apt-cache "${APT[@]}" show "$wanted" >/dev/null 2>&1 ||
             { echo "fetch.sh: Debian has no package $wanted (try KERNEL_ABI=... of a current kernel)" >&2; exit 1; }
         echo "fetch.sh: downloading $wanted into $debs" >&2
-        (cd "$debs" && apt-get "${apt[@]}" download -q "$wanted" >&2)
+        (cd "$debs" && apt-get "${APT[@]}" download -q "$wanted" >&2)
         found=$(compgen -G "$pattern" | head -n 1)
     fi
     echo "$found"
@@ -141,18 +142,9 @@ fetch() {
 # versions PACKAGE: every version of PACKAGE apt's lists know (OLD_RELEASE's when OLD=1),
 # newest first, each once (madison says one a suite).
 versions() {
-    local apt=()
-    if [[ ${OLD:-} == 1 ]]; then
-        old_release_apt
-        apt=("${OLD_APT[@]}")
-    fi
-    apt-cache "${apt[@]}" madison "$1" 2>/dev/null |
+    release_apt
+    apt-cache "${APT[@]}" madison "$1" 2>/dev/null |
         awk -F'|' -v name="$1" '{gsub(/ /, "")} $1 == name && !seen[$2]++ {print $2}'
-}
-
-# libc_versions: every libc6 version apt's lists know, newest first.
-libc_versions() {
-    versions libc6
 }
 
 # package_tree NAME PACKAGE=VERSION...: the packages, downloaded into the cache once and
@@ -188,11 +180,11 @@ libc_tree() {
 # libc: the guest's libc (the host's version when the archive has it) and another one.
 libc() {
     local installed versions version other
-    versions=$(libc_versions)
+    versions=$(versions libc6)
     if [[ -z $versions ]]; then
         echo "fetch.sh: updating the package lists to find libc6" >&2
         $SUDO apt-get update -qq >&2
-        versions=$(libc_versions)
+        versions=$(versions libc6)
     fi
     [[ -n $versions ]] || { echo "fetch.sh: apt knows no libc6 package" >&2; exit 1; }
     installed=$(dpkg-query -W -f '${Version}' libc6 2>/dev/null || true)
