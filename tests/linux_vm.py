@@ -123,6 +123,13 @@ def guest_sysroot(guest: LinuxGuest) -> Path:
     return guest.sysroot
 
 
+def mapped_path(sysroot: Path, path: str) -> str:
+    """The guest path the maps name for `path`: its symbolic link followed in the guest's
+    root (glibc 2.31's libc.so.6 is a link to libc-2.31.so)."""
+    target = (sysroot / path.lstrip("/")).resolve()
+    return "/" + str(target.relative_to(sysroot.resolve()))
+
+
 def other_libc_sysroot(guest: LinuxGuest) -> Path | None:
     """OTHER_LIBC_SYSROOT beside guest_sysroot(guest) (its files, but libc6 and libc6-dbg
     of another version: its libc.so.6 and ld.so have other build-ids), or None when apt

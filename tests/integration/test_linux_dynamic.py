@@ -42,7 +42,7 @@ from tests.integration.linux_user_gdb import (
     started_pids,
     user_symbols,
 )
-from tests.linux_vm import LinuxGuest, guest_sysroot, kernel_abis, running_linux
+from tests.linux_vm import LinuxGuest, guest_sysroot, kernel_abis, mapped_path, running_linux
 from tests.seeds import seeded
 
 VCPUS = 2
@@ -77,13 +77,6 @@ class Run:
         for stack in self.stacks:
             lines.append("  " + " <- ".join(f.function or hex(f.address) for f in stack))
         return "\n".join(lines)
-
-
-def mapped_path(sysroot: Path, path: str) -> str:
-    """The guest path the maps name for `path`: its symbolic link followed in the guest's
-    root (glibc 2.31's libc.so.6 is a link to libc-2.31.so)."""
-    target = (sysroot / path.lstrip("/")).resolve()
-    return "/" + str(target.relative_to(sysroot.resolve()))
 
 
 def executable(maps: list[Mapping], path: str, sysroot: Path | None = None) -> Mapping:

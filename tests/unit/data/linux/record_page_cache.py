@@ -49,7 +49,7 @@ from qmpprof.record.page_reader import UNREADABLE, PageReader
 from qmpprof.record.process_maps import read_maps
 from qmpprof.target.memory import MemoryBackend
 from tests.linux_tasks import catch_running
-from tests.linux_vm import LinuxGuest, running_linux, started_pids
+from tests.linux_vm import LinuxGuest, mapped_path, running_linux, started_pids
 from tests.unit.data.linux.record_maps import (
     Recorded,
     RecordingBackend,
@@ -97,7 +97,7 @@ async def record_libc(
     assert layout is not None and maps is not None
     done = await read_maps(memory, vcpu, maps, task)
     assert done is not None
-    libc = "/" + str((guest.sysroot / LIBC[1:]).resolve().relative_to(guest.sysroot.resolve()))
+    libc = mapped_path(guest.sysroot, LIBC)
     at = next(i for i, m in enumerate(done.files) if m.path == libc)
     mapping, source = done.files[at], done.sources[at]
     assert source is not None
