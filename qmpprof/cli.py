@@ -21,7 +21,7 @@ from qmpprof.console import Console, terminal
 from qmpprof.defaults import DEFAULT_MAX_DEPTH, DEFAULT_RATE_HZ, DEFAULT_STACK_BYTES
 from qmpprof.errors import QmpprofError
 from qmpprof.output.writers import Format, infer_format
-from qmpprof.profile import Scope
+from qmpprof.profile import Grouping, Scope
 from qmpprof.unwind.unwinder import Strategy
 from qmpprof.visible import visible
 
@@ -238,6 +238,13 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
         help="folded, speedscope, svg, pprof or qmpcap (default: from the -o extension)",
     )
     add("--idle", action="store_true", help="include idle (halted) samples in stacks")
+    add(
+        "--group-by",
+        choices=[g.value for g in Grouping],
+        default=Grouping.THREAD.value,
+        help="the levels above the stacks: process then thread (default, as perf and samply), "
+        "process then vCPU, or process only",
+    )
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
         "--kernel-only",
@@ -370,6 +377,7 @@ def _run_record(args: argparse.Namespace, out: Console, err: Console) -> None:
         period_s=_period(args),
         include_idle=args.idle,
         scope=args.scope,
+        grouping=Grouping(args.group_by),
         capture_memory=args.capture_memory,
         nonblocking=args.nonblocking,
         verbose=args.verbose,
@@ -386,6 +394,7 @@ def _run_report(args: argparse.Namespace, out: Console, err: Console) -> None:
         outputs=_outputs(args),
         include_idle=args.idle,
         scope=args.scope,
+        grouping=Grouping(args.group_by),
         reunwind=args.reunwind,
     )
     run_report(options, out, err)

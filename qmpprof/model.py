@@ -141,9 +141,20 @@ class Process:
     pid: int | None
     name: str
     tid: int | None = None
+    #: The thread's own name where it is not the process's (a host thread: `CPU 0/TCG`).
+    thread_name: str | None = None
 
     def label(self) -> str:
         return self.name if self.pid is None else f"{self.name} ({self.pid})"
+
+    def thread_label(self) -> str | None:
+        """The thread, for profiles grouped by thread; None where there is no process or
+        the OS tells no threads apart."""
+        if self.pid is None or self.tid is None or self.tid < 0:
+            return None
+        if self.thread_name is not None:
+            return f"{self.thread_name} ({self.tid})"
+        return f"thread {self.tid}"
 
 
 #: What runs on a CPU that the OS adapter says has no current process.

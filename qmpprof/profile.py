@@ -19,6 +19,29 @@ class Scope(Enum):
     USER = "user"
 
 
+class Grouping(Enum):
+    """The levels a profile puts between its root and the stacks (`--group-by`)."""
+
+    #: Process, then thread (perf's and samply's grouping): a process's picture whole.
+    THREAD = "thread"
+    #: Process, then the vCPU it ran on.
+    VCPU = "vcpu"
+    #: Process only.
+    PROCESS = "process"
+
+
+def group_labels(sample: Sample, grouping: Grouping) -> tuple[str, ...]:
+    """The labels above `sample`'s stack, outermost first: its process, then its thread
+    or vCPU as `grouping` says (a thread where it ran on no vCPU: a host thread)."""
+    process = sample.label()
+    thread = sample.process.thread_label() if sample.process is not None else None
+    if grouping is Grouping.VCPU and sample.vcpu >= 0:
+        return process, f"vCPU {sample.vcpu}"
+    if grouping is not Grouping.PROCESS and thread is not None:
+        return process, thread
+    return (process,)
+
+
 def frames_in_scope(sample: Sample, scope: Scope) -> tuple[Frame, ...]:
     """The frames of `sample` (leaf first) that `scope` keeps; () drops the sample."""
     if scope is Scope.KERNEL:
@@ -47,7 +70,8 @@ class StackCount:
 
 @dataclass
 class Profile:
-    """Counts of stacks, root first: the process label, then frame labels.
+    """Counts of stacks, root first: the group labels (process, thread or vCPU), then
+    frame labels.
 
     Every sample is counted in `modes`; idle samples enter `stacks` only with
     include_idle, and samples with no frame in the scope not at all.
@@ -55,6 +79,7 @@ class Profile:
 
     include_idle: bool = False
     scope: Scope = Scope.ALL
+    grouping: Grouping = Grouping.THREAD
     stacks: Counter[tuple[str, ...]] = field(default_factory=Counter)
     modes: Counter[Mode] = field(default_factory=Counter)
     processes: Counter[str] = field(default_factory=Counter)
@@ -76,7 +101,8 @@ class Profile:
             return
         label = sample.label()
         self.processes[label] += 1
-        self.stacks[(label, *(frame.label() for frame in reversed(frames)))] += 1
+        groups = group_labels(sample, self.grouping)
+        self.stacks[(*groups, *(frame.label() for frame in reversed(frames)))] += 1
 
     @property
     def total(self) -> int:

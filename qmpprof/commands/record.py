@@ -35,7 +35,7 @@ from qmpprof.defaults import DEFAULT_RATE_HZ
 from qmpprof.errors import KernelMismatch
 from qmpprof.model import CapturedSample, Ending, EndReason, Recording, RecordStats
 from qmpprof.output.writers import Format
-from qmpprof.profile import Profile, Scope
+from qmpprof.profile import Grouping, Profile, Scope
 from qmpprof.record.backlog import Backlog
 from qmpprof.record.process_maps import MapsStats
 from qmpprof.record.sampler import LoopConfig, ProgressSink, sample_loop
@@ -50,6 +50,7 @@ class RecordOptions:
     period_s: float = 1 / DEFAULT_RATE_HZ
     include_idle: bool = False
     scope: Scope = Scope.ALL
+    grouping: Grouping = Grouping.THREAD
     capture_memory: bool = False
     nonblocking: bool = False
     verbose: bool = False
@@ -67,7 +68,9 @@ async def run_record(options: RecordOptions, out: Console, err: Console) -> None
     with stop_on_signals(stop) as received:
         analyzer = build_analyzer(options.target)
         started = time.time()
-        collector = Collector(analyzer, Profile(options.include_idle, options.scope))
+        collector = Collector(
+            analyzer, Profile(options.include_idle, options.scope, options.grouping)
+        )
         with ExitStack() as files:
             stats = await _record(options, collector, files, started, stop, err)
         if received and stats.ended_by is None:

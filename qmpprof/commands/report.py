@@ -12,7 +12,7 @@ from qmpprof.console.summary import render_profile
 from qmpprof.errors import UsageError
 from qmpprof.model import CapturedSample
 from qmpprof.output.writers import Format
-from qmpprof.profile import Profile, Scope
+from qmpprof.profile import Grouping, Profile, Scope
 from qmpprof.record.qmpcap import Capture, read_capture
 from qmpprof.symbols.kernel_object import ModuleFiles
 
@@ -24,6 +24,7 @@ class ReportOptions:
     outputs: tuple[tuple[Path, Format], ...] = ((Path("profile.folded"), Format.FOLDED),)
     include_idle: bool = False
     scope: Scope = Scope.ALL
+    grouping: Grouping = Grouping.THREAD
     reunwind: bool = False
 
 
@@ -59,7 +60,7 @@ def _replay(options: ReportOptions, capture: Capture) -> Collector:
     loaded = capture.recording.kernel_modules
     files = ModuleFiles(target.module_dirs, lambda line: say(stderr_console(), line))
     analyzer.place_kernel_modules(loaded, files.for_modules(loaded))
-    collector = Collector(analyzer, Profile(options.include_idle, options.scope))
+    collector = Collector(analyzer, Profile(options.include_idle, options.scope, options.grouping))
     for entry in capture.samples():
         _add(collector, entry, options.reunwind)
     return collector

@@ -1,8 +1,9 @@
 """An interactive flame graph (`.svg`) in one self-contained file, in the manner of flamegraph.pl.
 
-The stacks are merged into a tree whose root is "all", then the process, then the vCPU, then
-the stack from its outermost frame to its leaf (the root at the bottom). Kernel frames are
-warm (red to orange), user frames cool (green to teal); frames without a symbol are paler.
+The stacks are merged into a tree whose root is "all", then the process, then its thread (or
+the vCPU, `--group-by`), then the stack from its outermost frame to its leaf (the root at the
+bottom). Kernel frames are warm (red to orange), user frames cool (green to teal); frames
+without a symbol are paler.
 Hovering a frame shows its name, module, samples and share; clicking zooms into it; "Search"
 (or Ctrl-F, or `#s=REGEX` in the URL) highlights the matching frames and shows how much of
 the profile they cover. Everything is inline: no fonts, scripts or styles are fetched.
@@ -24,7 +25,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from qmpprof.model import Recording, Sample
-from qmpprof.profile import Scope, counted
+from qmpprof.profile import Grouping, Scope, counted, group_labels
 
 WIDTH = 1200
 PAD = 10
@@ -50,9 +51,10 @@ def write_flamegraph(
     path: Path,
     scope: Scope = Scope.ALL,
     include_idle: bool = False,
+    grouping: Grouping = Grouping.THREAD,
 ) -> None:
     """Write the counted samples to `path` as an interactive SVG flame graph (replacing it)."""
-    root = build_tree(samples, scope, include_idle)
+    root = build_tree(samples, scope, include_idle, grouping)
     title = graph_title(recording, root.count, len(samples), scope, include_idle)
     path.write_text(render_svg(root, title), encoding="utf-8")
 
@@ -62,7 +64,8 @@ class Kind(Enum):
 
     ROOT = "root"
     PROCESS = "process"
-    VCPU = "vcpu"
+    #: A level between the process and the stack: a thread or a vCPU.
+    GROUP = "group"
     KERNEL = "kernel"
     USER = "user"
 
@@ -93,8 +96,13 @@ class Node:
         return self.module is not None or self.kind not in _STACK
 
 
-def build_tree(samples: Sequence[Sample], scope: Scope, include_idle: bool) -> Node:
-    """Merge the counted samples: all → process → vCPU → frames, outermost first."""
+def build_tree(
+    samples: Sequence[Sample],
+    scope: Scope,
+    include_idle: bool,
+    grouping: Grouping = Grouping.THREAD,
+) -> Node:
+    """Merge the counted samples: all → process → thread or vCPU → frames, outermost first."""
     root = Node("all", Kind.ROOT)
     for sample in samples:
         frames = counted(sample, scope, include_idle)
@@ -102,18 +110,14 @@ def build_tree(samples: Sequence[Sample], scope: Scope, include_idle: bool) -> N
             continue
         node = root
         node.count += 1
-        for step in _path(sample):
-            node = node.child(*step)
+        for depth, label in enumerate(group_labels(sample, grouping)):
+            node = node.child(label, Kind.GROUP if depth else Kind.PROCESS)
             node.count += 1
         for frame in reversed(frames):
             kind = Kind.KERNEL if frame.is_kernel else Kind.USER
             node = node.child(frame.label(), kind, frame.module)
             node.count += 1
     return root
-
-
-def _path(sample: Sample) -> tuple[tuple[str, Kind], tuple[str, Kind]]:
-    return (sample.label(), Kind.PROCESS), (f"vCPU {sample.vcpu}", Kind.VCPU)
 
 
 def graph_title(
@@ -208,7 +212,7 @@ def _legend() -> str:
         ("user", _colour("user", Kind.USER, True)),
         ("no symbol (kernel, user)", _colour("kernel", Kind.KERNEL, False)),
         ("process", _colour("", Kind.PROCESS, True)),
-        ("vCPU", _colour("", Kind.VCPU, True)),
+        ("thread or vCPU", _colour("", Kind.GROUP, True)),
         ("search match", "rgb(230,0,230)"),
     ]
     parts, x = [], PAD
@@ -259,7 +263,7 @@ def _colour(name: str, kind: Kind, known: bool) -> str:
         Kind.KERNEL: (0 + 38 * jitter, 0.80, 0.58),
         Kind.USER: (95 + 75 * jitter, 0.55, 0.50),
         Kind.PROCESS: (270, 0.35, 0.76),
-        Kind.VCPU: (210, 0.40, 0.78),
+        Kind.GROUP: (210, 0.40, 0.78),
         Kind.ROOT: (0, 0.0, 0.80),
     }[kind]
     if not known:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qmpprof.model import FileMapping, Frame, Recording, Sample
-from qmpprof.profile import Scope, counted
+from qmpprof.profile import Grouping, Scope, counted
 
 _VARINT, _LENGTH = 0, 2
 _UINT64 = (1 << 64) - 1
@@ -29,8 +29,12 @@ def write_pprof(
     path: Path,
     scope: Scope = Scope.ALL,
     include_idle: bool = False,
+    grouping: Grouping = Grouping.THREAD,
 ) -> None:
-    """Write the counted samples to `path` as a gzip-compressed profile.proto (replacing it)."""
+    """Write the counted samples to `path` as a gzip-compressed profile.proto (replacing it).
+
+    `grouping` changes nothing here: every sample is labelled with its process, thread and
+    vCPU, and the viewer groups by them (`pprof -tagroot process,thread`)."""
     path.write_bytes(gzip.compress(pprof_bytes(samples, recording, scope, include_idle)))
 
 
@@ -101,6 +105,8 @@ class _SampleKey:
     mode: str
     #: The thread id the OS adapter gave (None: no thread, or an OS that has none).
     thread: int | None = None
+    #: A thread's own name (a QEMU thread of `record --host`).
+    thread_name: str | None = None
 
 
 class ProtoProfile:
@@ -126,7 +132,8 @@ class ProtoProfile:
         locations = tuple(self.location(frame) for frame in frames)
         process = sample.process
         tid = None if process is None or process.tid is None or process.tid < 0 else process.tid
-        key = _SampleKey(locations, sample.vcpu, sample.label(), sample.mode.value, tid)
+        name = process.thread_name if process is not None else None
+        key = _SampleKey(locations, sample.vcpu, sample.label(), sample.mode.value, tid, name)
         self.samples[key] += 1
 
     def location(self, frame: Frame) -> int:
@@ -177,12 +184,21 @@ class ProtoProfile:
 
     def _sample(self, key: _SampleKey, count: int) -> bytes:
         labels = [
-            uint_field(1, self.string("vcpu"))
-            + uint_field(3, key.vcpu)
-            + uint_field(4, self.string(VCPU_UNIT)),
             uint_field(1, self.string("process")) + uint_field(2, self.string(key.process)),
             uint_field(1, self.string("mode")) + uint_field(2, self.string(key.mode)),
         ]
+        if key.vcpu >= 0:  # a host thread of `record --host` ran on no vCPU
+            labels.insert(
+                0,
+                uint_field(1, self.string("vcpu"))
+                + uint_field(3, key.vcpu)
+                + uint_field(4, self.string(VCPU_UNIT)),
+            )
+        if key.thread_name is not None:
+            labels.append(
+                uint_field(1, self.string("thread_name"))
+                + uint_field(2, self.string(key.thread_name))
+            )
         if key.thread is not None:
             labels.append(
                 uint_field(1, self.string("thread"))

@@ -1,4 +1,5 @@
-"""speedscope's own file format (`.speedscope.json`): one sampled profile per vCPU and thread.
+"""speedscope's own file format (`.speedscope.json`): one sampled profile per process and
+thread (or per vCPU and process, `--group-by vcpu`).
 
 The format is published as https://www.speedscope.app/file-format-schema.json; speedscope
 shows each profile in time order ("Time Order"), merged ("Left Heavy") and by function
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from qmpprof.model import Frame, Recording, Sample
-from qmpprof.profile import Scope, counted
+from qmpprof.profile import Grouping, Scope, counted
 
 SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 EXPORTER = "qmpprof"
@@ -26,22 +27,28 @@ def write_speedscope(
     path: Path,
     scope: Scope = Scope.ALL,
     include_idle: bool = False,
+    grouping: Grouping = Grouping.THREAD,
 ) -> None:
     """Write the counted samples to `path` as a speedscope file (replacing it)."""
-    document = speedscope_document(samples, recording, scope, include_idle)
+    document = speedscope_document(samples, recording, scope, include_idle, grouping)
     path.write_text(json.dumps(document), encoding="utf-8")  # ASCII: guest strings may not be text
 
 
 def speedscope_document(
-    samples: Sequence[Sample], recording: Recording, scope: Scope, include_idle: bool
+    samples: Sequence[Sample],
+    recording: Recording,
+    scope: Scope,
+    include_idle: bool,
+    grouping: Grouping = Grouping.THREAD,
 ) -> dict[str, Any]:
-    """The speedscope file as a JSON-ready dict, profiles ordered by vCPU then process."""
+    """The speedscope file as a JSON-ready dict, profiles ordered by process and thread
+    (by vCPU then process, `Grouping.VCPU`)."""
     frames = _FrameTable()
     profiles: dict[tuple[int, str, int], _Profile] = {}
     for sample in sorted(samples, key=lambda s: s.time):
         counted_frames = counted(sample, scope, include_idle)
         if counted_frames:
-            key = (sample.vcpu, sample.label(), _thread(sample))
+            key = _profile_key(sample, grouping)
             profile = profiles.setdefault(key, _Profile(_profile_name(*key)))
             profile.stacks.append([frames.index(f) for f in reversed(counted_frames)])
     return {
@@ -54,6 +61,13 @@ def speedscope_document(
     }
 
 
+def _profile_key(sample: Sample, grouping: Grouping) -> tuple[int, str, int]:
+    """Which profile `sample` goes to: (vCPU or -1, process, thread or -1)."""
+    vcpu = sample.vcpu if grouping is Grouping.VCPU else -1
+    thread = -1 if grouping is Grouping.PROCESS else _thread(sample)
+    return vcpu, sample.label(), thread
+
+
 def _thread(sample: Sample) -> int:
     """The sample's thread id when it is not its process's main thread, else -1."""
     process = sample.process
@@ -63,7 +77,7 @@ def _thread(sample: Sample) -> int:
 
 
 def _profile_name(vcpu: int, label: str, thread: int) -> str:
-    name = f"vCPU {vcpu} — {label}"
+    name = f"vCPU {vcpu} — {label}" if vcpu >= 0 else label
     return f"{name}, thread {thread}" if thread >= 0 else name
 
 
@@ -93,7 +107,7 @@ class _FrameTable:
 
 @dataclass
 class _Profile:
-    """One vCPU's samples in one thread, in time order, as frame indexes root first."""
+    """One thread's (or one vCPU's) samples, in time order, as frame indexes root first."""
 
     name: str
     stacks: list[list[int]] = field(default_factory=list)

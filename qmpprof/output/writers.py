@@ -24,7 +24,7 @@ from typing import Protocol
 from qmpprof.errors import UsageError
 from qmpprof.model import Recording, Sample
 from qmpprof.output.folded import write_folded
-from qmpprof.profile import Profile, Scope
+from qmpprof.profile import Grouping, Profile, Scope
 
 
 class Format(Enum):
@@ -53,6 +53,7 @@ class _SampleWriter(Protocol):
         path: Path,
         scope: Scope,
         include_idle: bool,
+        grouping: Grouping,
     ) -> None: ...
 
 
@@ -70,7 +71,7 @@ def _from_samples(module: str, function: str) -> ProfileWriter:
     ) -> None:
         loaded = importlib.import_module(f"qmpprof.output.{module}")
         writer: _SampleWriter = getattr(loaded, function)
-        writer(samples, recording, path, profile.scope, profile.include_idle)
+        writer(samples, recording, path, profile.scope, profile.include_idle, profile.grouping)
 
     return write
 

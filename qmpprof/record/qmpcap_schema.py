@@ -115,7 +115,12 @@ def _sample_record(sample: CapturedSample) -> dict[str, Any]:
         "fault": stack.fault_address,
         "process": None
         if process is None
-        else {"pid": process.pid, "name": process.name, "tid": process.tid},
+        else {
+            "pid": process.pid,
+            "name": process.name,
+            "tid": process.tid,
+            "thread_name": process.thread_name,
+        },
     }
 
 
@@ -289,6 +294,7 @@ def _process(value: Any) -> Process:
         pid=fields.get("pid", _optional(_int_within(-(1 << 63), U64))),
         name=fields.get("name", _str),
         tid=fields.get("tid", _optional(_int_within(-(1 << 63), U64)), None),
+        thread_name=fields.get("thread_name", _optional(_str), None),
     )
 
 

@@ -17,6 +17,7 @@ import pytest
 from qmpprof.output.flamegraph import write_flamegraph
 from qmpprof.output.pprof import write_pprof
 from qmpprof.output.speedscope import write_speedscope
+from qmpprof.profile import Grouping
 from tests.consumers.cdp import CHROMIUM_FLAGS
 from tests.consumers.samples import RECORDING, realistic_samples
 
@@ -44,8 +45,9 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> Outputs:
     )
     samples = realistic_samples()
     write_pprof(samples, RECORDING, files.pprof)
-    write_flamegraph(samples, RECORDING, files.svg)
-    write_speedscope(samples, RECORDING, files.speedscope)
+    # grouped by vCPU: the viewers' tests name profiles and frames per vCPU
+    write_flamegraph(samples, RECORDING, files.svg, grouping=Grouping.VCPU)
+    write_speedscope(samples, RECORDING, files.speedscope, grouping=Grouping.VCPU)
     return files
 
 

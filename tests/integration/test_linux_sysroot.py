@@ -143,8 +143,8 @@ def test_pprof_names_libc_with_its_mapping_path_and_build_id(
         stack = line.rsplit(" ", 1)[0].split(";")
         if stack[0].startswith("dynwork (") and any(f.startswith("asm_") for f in stack):
             # a kernel sample of the process (an interrupt taken in user mode): its user
-            # frames below the kernel's, down to _start
-            assert stack[1] == "_start", line
+            # frames below the kernel's, down to _start (under the process and its thread)
+            assert stack[1].startswith("thread ") and stack[2] == "_start", line
     raw = subprocess.run(
         [go, "tool", "pprof", "-raw", str(profile)], capture_output=True, text=True, check=True
     ).stdout

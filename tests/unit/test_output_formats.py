@@ -23,7 +23,7 @@ from qmpprof.model import Frame, Mode, Process, Sample
 from qmpprof.output.flamegraph import SCRIPT, write_flamegraph
 from qmpprof.output.pprof import write_pprof
 from qmpprof.output.speedscope import SCHEMA, write_speedscope
-from qmpprof.profile import Scope
+from qmpprof.profile import Grouping, Scope
 from tests.consumers.protobuf import Fields, decode_message, ints, messages, one
 from tests.consumers.samples import (
     COUNTED,
@@ -54,9 +54,14 @@ def test_the_fixture_is_what_the_tests_assume() -> None:
 # --- speedscope --------------------------------------------------------------------------
 
 
-def speedscope(tmp_path: Path, scope: Scope = Scope.ALL, idle: bool = False) -> dict[str, Any]:
+def speedscope(
+    tmp_path: Path,
+    scope: Scope = Scope.ALL,
+    idle: bool = False,
+    grouping: Grouping = Grouping.VCPU,
+) -> dict[str, Any]:
     path = tmp_path / "out.speedscope.json"
-    write_speedscope(realistic_samples(), RECORDING, path, scope, idle)
+    write_speedscope(realistic_samples(), RECORDING, path, scope, idle, grouping)
     document: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     check_speedscope_schema(document)
     return document
@@ -160,9 +165,14 @@ class SvgFrame:
     width: float
 
 
-def flamegraph(tmp_path: Path, scope: Scope = Scope.ALL, idle: bool = False) -> ET.Element:
+def flamegraph(
+    tmp_path: Path,
+    scope: Scope = Scope.ALL,
+    idle: bool = False,
+    grouping: Grouping = Grouping.VCPU,
+) -> ET.Element:
     path = tmp_path / "out.svg"
-    write_flamegraph(realistic_samples(), RECORDING, path, scope, idle)
+    write_flamegraph(realistic_samples(), RECORDING, path, scope, idle, grouping)
     return ET.fromstring(path.read_bytes())
 
 
@@ -203,6 +213,27 @@ def test_svg_is_all_then_process_then_vcpu_then_stack(tmp_path: Path) -> None:
     assert by_depth(root, 5)["sys_checksum"] == 25 and by_depth(root, 6)["checksum_leaf"] == 25
 
 
+def test_svg_by_default_has_a_process_whole_with_threads_below_it(tmp_path: Path) -> None:
+    """perf's and samply's grouping: a process is not split by the vCPUs it ran on; a
+    thread level appears where the OS tells threads apart (none in these samples)."""
+    root = flamegraph(tmp_path, grouping=Grouping.THREAD)
+    assert by_depth(root, 1)["crunch (1)"] == 40
+    assert by_depth(root, 2)["kernel_entry"] == 45 and by_depth(root, 2)["_start"] == 56
+    sample = realistic_samples()[0]
+    threads = [
+        replace(sample, vcpu=v, process=Process(90, "pinned", t))
+        for v, t in ((0, 90), (1, 91), (0, 91))
+    ]
+    path = tmp_path / "threads.svg"
+    write_flamegraph(threads, RECORDING, path)
+    threaded = ET.fromstring(path.read_bytes())
+    assert by_depth(threaded, 1) == {"pinned (90)": 3}
+    assert by_depth(threaded, 2) == {"thread 90": 1, "thread 91": 2}
+    path = tmp_path / "process.svg"
+    write_flamegraph(threads, RECORDING, path, grouping=Grouping.PROCESS)
+    assert by_depth(ET.fromstring(path.read_bytes()), 2) == {"kernel_entry": 3}
+
+
 def test_svg_children_nest_inside_their_parents(tmp_path: Path) -> None:
     frames = list(svg_frames(flamegraph(tmp_path)))
     for frame in frames:
@@ -223,7 +254,7 @@ def test_svg_hovers_show_name_module_samples_and_share(tmp_path: Path) -> None:
     assert titles["physics_leaf"] == "physics_leaf (kernel.elf, kernel) — 40 samples, 38.46%"
     assert titles[ODD_FRAME] == f"{ODD_FRAME} (render.elf, user) — 10 samples, 9.62%"
     assert titles[f"{USER_BASE + 7:#x}"].startswith(f"{USER_BASE + 7:#x} (no symbol, user)")
-    assert "vCPU 2 — 10 samples, 9.62%" in {f.title for f in frames}
+    assert "vCPU 2 — 10 samples, 9.62%" in {f.title for f in frames}  # grouped by vCPU
     assert titles["crunch (1)"] == "process crunch (1) — 40 samples, 38.46%"
 
 
@@ -451,7 +482,7 @@ def test_guest_strings_that_are_not_text_do_not_break_a_format(tmp_path: Path) -
     bad = Sample(0.0, 0, Mode.KERNEL, sample.frames, sample.stop, 0, Process(9, "x\udc80y"))
     write_speedscope([bad], RECORDING, tmp_path / "b.speedscope.json")
     document = json.loads((tmp_path / "b.speedscope.json").read_text(encoding="utf-8"))
-    assert document["profiles"][0]["name"] == "vCPU 0 — x\udc80y (9)"
+    assert document["profiles"][0]["name"] == "x\udc80y (9)"
     write_flamegraph([bad], RECORDING, tmp_path / "b.svg")
     names = {f.name for f in svg_frames(ET.fromstring((tmp_path / "b.svg").read_bytes()))}
     assert "x\ufffdy (9)" in names
@@ -479,4 +510,7 @@ def test_speedscope_has_one_profile_per_thread_of_a_process(tmp_path: Path) -> N
     document = json.loads(path.read_text())
     check_speedscope_schema(document)
     profiles = {p["name"]: len(p["samples"]) for p in document["profiles"]}
-    assert profiles == {"vCPU 4 — pinned (90)": 1, "vCPU 4 — pinned (90), thread 91": 2}
+    assert profiles == {"pinned (90)": 1, "pinned (90), thread 91": 2}
+    write_speedscope(threads, RECORDING, path, grouping=Grouping.VCPU)
+    by_vcpu = {p["name"]: len(p["samples"]) for p in json.loads(path.read_text())["profiles"]}
+    assert by_vcpu == {"vCPU 4 — pinned (90)": 1, "vCPU 4 — pinned (90), thread 91": 2}

@@ -17,9 +17,9 @@ from qmpprof.profile import Profile
 from tests.consumers.samples import RECORDING, TOTAL, realistic_samples
 from tests.tmpfs import mounted_tmpfs
 
-#: Four pages: the folded file and the pprof fit (under a page each, as written from
-#: realistic_samples), the SVG (about 18 KB) does not.
-SMALL = "size=16k"
+#: Three pages: the folded file and the pprof fit (under a page each, as written from
+#: realistic_samples), the SVG (about 15 KB) does not.
+SMALL = "size=12k"
 
 
 def collected() -> Collector:

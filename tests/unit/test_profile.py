@@ -11,7 +11,7 @@ from qmpprof.model import (
     StopReason,
 )
 from qmpprof.output.folded import folded_lines
-from qmpprof.profile import Profile, Scope
+from qmpprof.profile import Grouping, Profile, Scope
 
 KERNEL = 0xFFFF_FFFF_8010_0000
 CRUNCH = Process(1, "crunch")
@@ -90,3 +90,25 @@ def test_scopes_split_a_syscall_sample() -> None:
         "crunch (1);_start;crunch_checksum 1",
         "crunch (1);_start;hash_leaf 1",
     ]
+
+
+def test_folded_stacks_have_the_thread_or_the_vcpu_below_the_process() -> None:
+    """`--group-by`: process then thread by default (none for a process without threads
+    or a kernel thread), process then vCPU, or process alone."""
+    worker = Process(7, "db", tid=9)
+    kthread = Process(None, "[kworker/0:1]", tid=30)
+    samples = [
+        sample(["leaf", "main"], process=worker),
+        sample(["idle"], process=kthread),
+        sample(["leaf", "main"]),
+    ]
+    expected = {
+        Grouping.THREAD: {"db (7);thread 9;main;leaf 1", "[kworker/0:1];idle 1"},
+        Grouping.VCPU: {"db (7);vCPU 0;main;leaf 1", "[kworker/0:1];vCPU 0;idle 1"},
+        Grouping.PROCESS: {"db (7);main;leaf 1", "[kworker/0:1];idle 1"},
+    }
+    for grouping, lines in expected.items():
+        profile = Profile(grouping=grouping)
+        for each in samples:
+            profile.add(each)
+        assert set(folded_lines(profile)) >= lines, grouping
