@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-APT_PACKAGES := qemu-system-x86 gdb gcc make binutils python3-venv tmux dwarves debuginfod libarchive-tools
+APT_PACKAGES := qemu-system-x86 gdb gcc make binutils python3-venv tmux dwarves debuginfod libarchive-tools linux-perf
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: help demo test unit integration fuzz bench kaslr-bench lint format deps system-deps guest linux-guest linux-oracle consumers clean
@@ -67,7 +67,7 @@ deps: system-deps $(STAMP)
 
 system-deps:  ## install QEMU, GDB, a C toolchain and a debuginfod server (tests) from Debian's packages if missing
 	@missing=""; \
-	for tool in qemu-system-x86_64 gdb gcc make ld tmux pahole debuginfod bsdtar; do \
+	for tool in qemu-system-x86_64 gdb gcc make ld tmux pahole debuginfod bsdtar perf; do \
 	  command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; \
 	done; \
 	$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \

@@ -27,6 +27,7 @@ from qmpprof.visible import visible
 
 if TYPE_CHECKING:
     from qmpprof.commands.common import TargetOptions
+    from qmpprof.commands.host import HostOptions
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -48,6 +49,10 @@ MAX_STACK_BYTES = 1 << 20
 MAX_DEPTH = 4096
 MAX_CPU_INDEX = 4095
 MIN_REFRESH_S, MAX_REFRESH_S = 0.1, 3600.0
+#: perf's own default rate; above it the stack copies (8 KiB a sample) flood the disk.
+MAX_HOST_RATE_HZ = 4000.0
+#: Each perf sample keeps an 8 KiB stack copy: 250 Hz is 2 MB/s per busy thread.
+DEFAULT_HOST_RATE_HZ = 250.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -279,6 +284,20 @@ def _add_record_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with a .qmpcap output, also keep the memory read for each sample",
     )
+    add(
+        "--host",
+        action="store_true",
+        help="also record the QEMU process with Linux perf: one profile of QEMU's threads, "
+        "the guest's stacks in place of the guest code its vCPU threads ran",
+    )
+    add(
+        "--host-rate",
+        type=_in_range(float, 1.0, MAX_HOST_RATE_HZ, "Hz"),
+        default=DEFAULT_HOST_RATE_HZ,
+        metavar="HZ",
+        help=f"perf's samples per second of each QEMU thread's CPU time with --host "
+        f"(default {DEFAULT_HOST_RATE_HZ:g}; each keeps an 8 KiB stack copy on disk)",
+    )
     add("--verbose", action="store_true", help="say more about the setup")
 
 
@@ -381,8 +400,15 @@ def _run_record(args: argparse.Namespace, out: Console, err: Console) -> None:
         capture_memory=args.capture_memory,
         nonblocking=args.nonblocking,
         verbose=args.verbose,
+        host=_host_options(args),
     )
     _run_async(run_record(options, out, err))
+
+
+def _host_options(args: argparse.Namespace) -> HostOptions | None:
+    from qmpprof.commands.host import HostOptions
+
+    return HostOptions(args.host_rate) if args.host else None
 
 
 def _run_report(args: argparse.Namespace, out: Console, err: Console) -> None:

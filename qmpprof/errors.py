@@ -22,6 +22,7 @@ The whole tree (`python -c "import qmpprof.errors"` imports nothing else of qmpp
     ├── OutputError              an output that cannot be written
     ├── KernelMismatch           the --kernel ELF does not name the guest's PCs
     ├── BadGuestKernel           the kernel's own tables in guest memory do not check (no --kernel)
+    ├── HostProfileFailed        `record --host`: perf is missing, refused, or wrote nothing usable
     └── UsageError               the command line asked for something inconsistent
 
 Two private exceptions never leave their module: `_Stop` (unwind/unwinder.py) ends an
@@ -144,3 +145,9 @@ class BadRecord(BadCapture):
 class BadGuestKernel(QmpprofError):
     """What a Linux guest keeps of its own kernel (VMCOREINFO, kallsyms, ORC, BTF) is
     missing or does not check: qmpprof goes on without the kernel's symbols."""
+
+
+class HostProfileFailed(QmpprofError):
+    """`record --host` could not profile the QEMU process on this host: perf is not
+    installed, the kernel refused it (perf_event_paranoid, permissions), it died, or
+    `perf script` printed what cannot be read. Raised before any output is written."""

@@ -7,7 +7,7 @@ import contextlib
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,17 +28,19 @@ from qmpprof.commands.common import (
     file_problems,
 )
 from qmpprof.commands.connect import connected
+from qmpprof.commands.host import HostOptions, HostRun, host_recording
 from qmpprof.console import Console, say
 from qmpprof.console.progress import RecordProgress
 from qmpprof.console.summary import kernel_line, render_summary
 from qmpprof.defaults import DEFAULT_RATE_HZ
-from qmpprof.errors import KernelMismatch
+from qmpprof.errors import HostProfileFailed, KernelMismatch, UsageError
 from qmpprof.model import CapturedSample, Ending, EndReason, Recording, RecordStats
 from qmpprof.output.writers import Format
 from qmpprof.profile import Grouping, Profile, Scope
 from qmpprof.record.backlog import Backlog
 from qmpprof.record.process_maps import MapsStats
 from qmpprof.record.sampler import LoopConfig, ProgressSink, sample_loop
+from qmpprof.target.qmp import QmpSession
 from qmpprof.visible import visible
 
 
@@ -54,6 +56,8 @@ class RecordOptions:
     capture_memory: bool = False
     nonblocking: bool = False
     verbose: bool = False
+    #: `--host`: perf on the QEMU process too, merged into one profile.
+    host: HostOptions | None = None
 
 
 async def run_record(options: RecordOptions, out: Console, err: Console) -> None:
@@ -63,6 +67,8 @@ async def run_record(options: RecordOptions, out: Console, err: Console) -> None
     could not be written, else KernelMismatch.
     """
     check_writable([path for path, _ in options.outputs])
+    if options.host is not None and options.scope is not Scope.ALL:
+        raise UsageError("--host profiles whole stacks: not with --kernel-only or --user-only")
     stop = asyncio.Event()
     # From here to the last output written, a signal ends the recording, never the process.
     with stop_on_signals(stop) as received:
@@ -72,11 +78,15 @@ async def run_record(options: RecordOptions, out: Console, err: Console) -> None
             analyzer, Profile(options.include_idle, options.scope, options.grouping)
         )
         with ExitStack() as files:
-            stats = await _record(options, collector, files, started, stop, err)
+            stats, host = await _record(options, collector, files, started, stop, err)
         if received and stats.ended_by is None:
             stats.ended_by = Ending(EndReason.INTERRUPTED, received[0].name)
-        written = _write(options, collector, stats, _recording(options, started, 0.0, analyzer))
-        _finish(options, collector, stats, written, out)
+        recording = _recording(options, started, 0.0, analyzer)
+        view = collector
+        if host is not None and host.error is None:
+            view, recording = host.view, replace(recording, period_s=host.period_s)
+        written = _write(options, collector, view, stats, recording)
+        _finish(options, collector, stats, written, out, host)
 
 
 def _closed_at_exit(files: ExitStack, capture: CaptureOutput) -> CaptureOutput:
@@ -91,9 +101,9 @@ async def _record(
     started: float,
     stop: asyncio.Event,
     err: Console,
-) -> RecordStats:
-    """Connect, open the capture files (their header names the kernel's bias, known
-    once connected), and sample until the end."""
+) -> tuple[RecordStats, HostOutcome | None]:
+    """Connect, start perf (`--host`), open the capture files (their header names the
+    kernel's bias, known once connected), and sample until the end."""
 
     def analyse(captured: CapturedSample) -> None:
         collector.add_captured(captured)
@@ -105,7 +115,10 @@ async def _record(
     loop_config = LoopConfig(
         period_s=options.period_s, duration_s=options.duration_s, nonblocking=options.nonblocking
     )
-    async with connected(options.target, collector.analyzer) as (session, memory, capturer):
+    async with (
+        connected(options.target, collector.analyzer) as (session, memory, capturer),
+        _host_recording(session, options.host) as host,
+    ):
         recording = _recording(options, started, 0.0, collector.analyzer)
         for path, fmt in options.outputs:
             if fmt is Format.QMPCAP:
@@ -124,8 +137,46 @@ async def _record(
                 progress,
                 backlog.work_until,
             )
-    backlog.work_until(None)
-    return stats
+        backlog.work_until(None)
+        outcome = await _merged(host, collector, options) if host is not None else None
+    return stats, outcome
+
+
+@contextlib.asynccontextmanager
+async def _host_recording(
+    session: QmpSession, options: HostOptions | None
+) -> AsyncIterator[HostRun | None]:
+    if options is None:
+        yield None
+        return
+    async with host_recording(session, options) as host:
+        yield host
+
+
+@dataclass
+class HostOutcome:
+    """`--host`'s profile (`view`: the merged samples, written instead of the guest's)
+    and the summary's line; or why perf's part is missing."""
+
+    view: Collector
+    line: str
+    #: perf's sampling period: each merged sample's weight.
+    period_s: float = 0.0
+    error: HostProfileFailed | None = None
+
+
+async def _merged(host: HostRun, collector: Collector, options: RecordOptions) -> HostOutcome:
+    """The merged profile; the guest's alone, with the error kept, when perf's part
+    cannot be read (the recording is not lost for it)."""
+    guest = collector.profile
+    view = Collector(collector.analyzer, Profile(True, guest.scope, guest.grouping))
+    try:
+        samples, split = await host.merged(collector.samples, options.period_s)
+    except HostProfileFailed as error:
+        return HostOutcome(collector, f"host: {error}", error=error)
+    for sample in samples:
+        view.add(sample)
+    return HostOutcome(view, split.describe(), host.period_ns / 1e9)
 
 
 @contextmanager
@@ -173,12 +224,17 @@ def _announce(options: RecordOptions, collector: Collector, memory: str, err: Co
 
 
 def _write(
-    options: RecordOptions, collector: Collector, stats: RecordStats, recording: Recording
+    options: RecordOptions,
+    collector: Collector,
+    view: Collector,
+    stats: RecordStats,
+    recording: Recording,
 ) -> list[Written]:
-    """Every output, in the order given: profiles written now, captures as recorded."""
+    """Every output, in the order given: profiles written now from `view` (the
+    collector's, or `--host`'s merged one), captures as recorded."""
     finished = replace(recording, duration_s=stats.elapsed_s)
     by_path = {capture.path: capture.result() for capture in collector.captures}
-    by_path.update((w.path, w) for w in collector.write_outputs(options.outputs, finished))
+    by_path.update((w.path, w) for w in view.write_outputs(options.outputs, finished))
     return [by_path[path] for path, _ in options.outputs]
 
 
@@ -188,6 +244,7 @@ def _finish(
     stats: RecordStats,
     written: list[Written],
     out: Console,
+    host: HostOutcome | None = None,
 ) -> None:
     """Say what was written and summarize (the files are already safe: a terminal closed
     by SIGHUP may refuse this), then raise for what went wrong."""
@@ -203,8 +260,11 @@ def _finish(
                 *maps_problems(collector.maps_stats),
             ],
             kernel=_placement(collector.analyzer),
+            host=host.line if host is not None else None,
         )
     raise_for_failures(written)
+    if host is not None and host.error is not None:
+        raise HostProfileFailed(f"{host.error} (the profile written is the guest's alone)")
     if collector.coverage.mismatched and options.target.kernel is not None:
         raise KernelMismatch(collector.coverage.describe(str(options.target.kernel)))
 

@@ -27,13 +27,15 @@ def render_summary(
     notes: Sequence[str] = (),
     limit: int = 10,
     kernel: str | None = None,
+    host: str | None = None,
 ) -> None:
-    """Print what was recorded, where the kernel ran (`kernel`, a `kernel_line`), `notes`
-    (problems worth knowing, one line each) and the `limit` heaviest stacks with
-    percentages."""
+    """Print what was recorded, where the kernel ran (`kernel`, a `kernel_line`), where
+    the QEMU process's time went (`host`, `record --host`), `notes` (problems worth
+    knowing, one line each) and the `limit` heaviest stacks with percentages."""
     console.print(Text(_counts_line(stats)), soft_wrap=True)
-    if kernel is not None:
-        console.print(Text(kernel), soft_wrap=True)
+    for line in (kernel, host):
+        if line is not None:
+            console.print(Text(visible(line)), soft_wrap=True)
     for note in notes:
         console.print(Text(visible(note)), style="yellow", soft_wrap=True)
     if stats.failed and stats.last_error:

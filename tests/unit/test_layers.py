@@ -25,6 +25,7 @@ PURE = (
     "qmpprof.modules",
     "qmpprof.analysis",
     "qmpprof.output",
+    "qmpprof.host",
 )
 #: What pure code never imports: the event loop, QEMU, the recording loop, the terminal.
 NOT_PURE = (

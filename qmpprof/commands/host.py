@@ -1,0 +1,76 @@
+"""`record --host`: perf on the QEMU process for the recording's interval, and the one
+profile that merges its host stacks with the guest's (qmpprof/host/merge.py)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from qmpprof.errors import HostProfileFailed, QmpprofError
+from qmpprof.host.merge import HostSplit, QemuThreads, merge
+from qmpprof.model import Sample
+from qmpprof.record.host_perf import HostRecorder, find_perf
+from qmpprof.target.direct import qemu_pid
+from qmpprof.target.qmp import QmpSession
+
+
+@dataclass(frozen=True)
+class HostOptions:
+    #: perf's samples per second of CPU time, per thread (cli.py's default: 250).
+    rate_hz: float
+
+
+@dataclass
+class HostRun:
+    """A perf recording under way, and what it needs to be merged afterwards."""
+
+    recorder: HostRecorder
+    threads: QemuThreads
+    period_ns: int
+
+    async def merged(
+        self, guest: Sequence[Sample], guest_period_s: float
+    ) -> tuple[list[Sample], HostSplit]:
+        """Stop perf and merge what it recorded with `guest`. Raises HostProfileFailed."""
+        await self.recorder.stop()
+        host = await self.recorder.samples()
+        within = max(2 * guest_period_s, 2 * self.period_ns / 1e9)
+        return merge(host, self.threads, guest, self.recorder.offset_s, within)
+
+
+@contextlib.asynccontextmanager
+async def host_recording(session: QmpSession, options: HostOptions) -> AsyncIterator[HostRun]:
+    """perf recording QEMU's process from entry until the caller merges; its files are
+    removed on the way out. Raises HostProfileFailed (perf missing or refused)."""
+    period_ns = max(1, round(1e9 / options.rate_hz))
+    command = find_perf(period_ns)
+    threads = await qemu_threads(session)
+    recorder = HostRecorder(command, threads.pid)
+    try:
+        await recorder.start()
+        yield HostRun(recorder, threads, period_ns)
+    finally:
+        recorder.close()
+
+
+async def qemu_threads(session: QmpSession) -> QemuThreads:
+    """QEMU's pid, its name, and each vCPU thread (`query-cpus-fast`'s thread-id)."""
+    try:
+        pid = qemu_pid(session)
+    except QmpprofError as err:  # no peer process to ask
+        raise HostProfileFailed(f"cannot tell QEMU's process id: {err}") from err
+    vcpus: dict[int, tuple[int, ...]] = {}
+    for cpu in await session.execute("query-cpus-fast"):
+        thread, index = cpu.get("thread-id"), cpu.get("cpu-index")
+        if isinstance(thread, int) and isinstance(index, int):
+            vcpus[thread] = (*vcpus.get(thread, ()), index)
+    return QemuThreads(pid, _comm(pid), vcpus)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text(errors="replace").strip() or "qemu"
+    except OSError:
+        return "qemu"
