@@ -44,7 +44,7 @@ def speedscope_document(
     """The speedscope file as a JSON-ready dict, profiles ordered by process and thread
     (by vCPU then process, `Grouping.VCPU`)."""
     frames = _FrameTable()
-    profiles: dict[tuple[int, str, int], _Profile] = {}
+    profiles: dict[tuple[int, str, int, str], _Profile] = {}
     for sample in sorted(samples, key=lambda s: s.time):
         counted_frames = counted(sample, scope, include_idle)
         if counted_frames:
@@ -61,11 +61,13 @@ def speedscope_document(
     }
 
 
-def _profile_key(sample: Sample, grouping: Grouping) -> tuple[int, str, int]:
-    """Which profile `sample` goes to: (vCPU or -1, process, thread or -1)."""
+def _profile_key(sample: Sample, grouping: Grouping) -> tuple[int, str, int, str]:
+    """Which profile `sample` goes to: (vCPU or -1, process, thread or -1, the thread's
+    own name or "")."""
     vcpu = sample.vcpu if grouping is Grouping.VCPU else -1
     thread = -1 if grouping is Grouping.PROCESS else _thread(sample)
-    return vcpu, sample.label(), thread
+    named = sample.process.thread_name if sample.process is not None and thread >= 0 else None
+    return vcpu, sample.label(), thread, named or ""
 
 
 def _thread(sample: Sample) -> int:
@@ -76,9 +78,11 @@ def _thread(sample: Sample) -> int:
     return process.tid
 
 
-def _profile_name(vcpu: int, label: str, thread: int) -> str:
+def _profile_name(vcpu: int, label: str, thread: int, thread_name: str) -> str:
     name = f"vCPU {vcpu} — {label}" if vcpu >= 0 else label
-    return f"{name}, thread {thread}" if thread >= 0 else name
+    if thread < 0:
+        return name
+    return f"{name}, {thread_name} ({thread})" if thread_name else f"{name}, thread {thread}"
 
 
 def recording_title(recording: Recording) -> str:

@@ -104,6 +104,7 @@ class HostRecorder:
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=open(self._directory / "stderr", "wb"),  # noqa: SIM115 (perf's own)
                 preexec_fn=_die_with_parent,
+                start_new_session=True,  # Ctrl-C is qmpprof's to pass on, after the last tick
             )
             os.write(control, b"enable\n")
             await self._acknowledged(ack)

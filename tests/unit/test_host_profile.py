@@ -12,7 +12,19 @@ import pytest
 from qmpprof.errors import HostProfileFailed
 from qmpprof.host.merge import GUEST_FRAME, NOT_SAMPLED, HostPart, QemuThreads, merge, part_of
 from qmpprof.host.perf_script import HostSample, parse_samples
-from qmpprof.model import Frame, FrameAddress, FrameKind, Mode, Process, Sample, StopReason
+from qmpprof.model import (
+    Frame,
+    FrameAddress,
+    FrameKind,
+    Mode,
+    Process,
+    Recording,
+    Sample,
+    StopReason,
+)
+from qmpprof.output.flamegraph import build_tree
+from qmpprof.output.speedscope import speedscope_document
+from qmpprof.profile import Scope
 
 LISTING = Path(__file__).parent / "data" / "host" / "perf_script.txt"
 QEMU_PID, VCPU0_THREAD, PERIOD = 28961, 28964, 4_000_000
@@ -21,6 +33,7 @@ THREADS = QemuThreads(QEMU_PID, "qemu-system-x86", {VCPU0_THREAD: (0,), 28965: (
 LINES = LISTING.read_text().splitlines()
 HEADERS = [line for line in LINES if line and not line.startswith("\t")]
 FRAME_LINES = [line for line in LINES if line.startswith("\t")]
+RECORDING = Recording(started=0.0, duration_s=1.0, period_s=PERIOD / 1e9, qmp_socket="qmp")
 
 
 def host_samples() -> list[HostSample]:
@@ -113,3 +126,17 @@ def test_text_that_is_not_perf_script_is_refused_in_one_line(text: str) -> None:
     with pytest.raises(HostProfileFailed) as raised:
         list(parse_samples(text.splitlines(keepends=True)))
     assert "\n" not in str(raised.value)
+
+
+def test_every_format_names_the_qemu_threads() -> None:
+    """speedscope's profiles and the flame graph's levels name a vCPU thread by its vCPU."""
+    merged, _ = merge(host_samples(), THREADS, [], 0.0, within_s=1.0)
+    document = speedscope_document(merged, RECORDING, Scope.ALL, include_idle=False)
+    names = {profile["name"] for profile in document["profiles"]}
+    assert names == {
+        "qemu-system-x86 (28961), vCPU 0 (28964)",
+        "qemu-system-x86 (28961)",  # the main thread
+    }
+    tree = build_tree(merged, Scope.ALL, include_idle=False)
+    (process,) = tree.children.values()
+    assert {child.name for child in process.children.values()} == {"vCPU 0 (28964)", "thread 28961"}
