@@ -29,15 +29,21 @@ class HostRun:
     recorder: HostRecorder
     threads: QemuThreads
     period_ns: int
+    #: The vCPU threads' CPU time by the kernel's own account when perf began counting.
+    started_on_cpu_ns: int | None = None
 
     async def merged(
         self, guest: Sequence[Sample], guest_period_s: float
     ) -> tuple[list[Sample], HostSplit]:
         """Stop perf and merge what it recorded with `guest`. Raises HostProfileFailed."""
+        ended_on_cpu_ns = on_cpu_ns(self.threads)
         await self.recorder.stop()
         host = await self.recorder.samples()
         within = max(2 * guest_period_s, 2 * self.period_ns / 1e9)
-        return merge(host, self.threads, guest, self.recorder.offset_s, within)
+        merged, split = merge(host, self.threads, guest, self.recorder.offset_s, within)
+        if self.started_on_cpu_ns is not None and ended_on_cpu_ns is not None:
+            split.scheduled_ns = ended_on_cpu_ns - self.started_on_cpu_ns
+        return merged, split
 
 
 @contextlib.asynccontextmanager
@@ -50,7 +56,7 @@ async def host_recording(session: QmpSession, options: HostOptions) -> AsyncIter
     recorder = HostRecorder(command, threads.pid)
     try:
         await recorder.start()
-        yield HostRun(recorder, threads, period_ns)
+        yield HostRun(recorder, threads, period_ns, on_cpu_ns(threads))
     finally:
         recorder.close()
 
@@ -67,6 +73,19 @@ async def qemu_threads(session: QmpSession) -> QemuThreads:
         if isinstance(thread, int) and isinstance(index, int):
             vcpus[thread] = (*vcpus.get(thread, ()), index)
     return QemuThreads(pid, _comm(pid), vcpus)
+
+
+def on_cpu_ns(threads: QemuThreads) -> int | None:
+    """The vCPU threads' time on a host CPU so far (schedstat's first field), to check
+    perf's share against; None where the kernel does not say."""
+    total = 0
+    for tid in threads.vcpus:
+        try:
+            text = Path(f"/proc/{threads.pid}/task/{tid}/schedstat").read_text()
+            total += int(text.split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+    return total
 
 
 def _comm(pid: int) -> str:

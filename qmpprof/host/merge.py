@@ -81,6 +81,9 @@ class HostSplit:
     #: Guest-code samples with no guest sample of their vCPU near them.
     unmatched: int = 0
     samples: int = 0
+    #: The vCPU threads' CPU time over the same interval by the kernel's own account
+    #: (schedstat), where it was read: what perf's samples should add up to.
+    scheduled_ns: int | None = None
 
     def describe(self) -> str:
         """The summary's line: the vCPU threads' split, then everything else."""
@@ -90,9 +93,15 @@ class HostSplit:
             f"({self.vcpu_ns[part] / 1e9:.2f} s)"
             for part in HostPart
         )
+        scheduled = (
+            f" (the kernel's schedstat: {self.scheduled_ns / 1e9:.2f} s)"
+            if self.scheduled_ns is not None
+            else ""
+        )
         line = (
             f"host (perf, {self.samples} samples): vCPU threads on a host CPU "
-            f"{total / 1e9:.2f} s: {parts}; other QEMU threads {self.other_ns / 1e9:.2f} s"
+            f"{total / 1e9:.2f} s{scheduled}: {parts}; other QEMU threads "
+            f"{self.other_ns / 1e9:.2f} s"
         )
         if self.unmatched:
             line += f"; {self.unmatched} guest-code samples had no guest sample near them"

@@ -31,6 +31,8 @@ STACK_DUMP_BYTES = 8192
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 60.0
 _PR_SET_PDEATHSIG = 1
+#: perf's files go to TMPDIR/qmpprof-perf-PID-*, PID being qmpprof's.
+_PREFIX = "qmpprof-perf-"
 
 INSTALL = "Debian: apt-get install linux-perf"
 
@@ -85,7 +87,8 @@ class HostRecorder:
     def __init__(self, command: PerfCommand, pid: int) -> None:
         self._command = command
         self._pid = pid
-        self._directory = Path(tempfile.mkdtemp(prefix="qmpprof-perf-"))
+        _remove_stale(Path(tempfile.gettempdir()))
+        self._directory = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-"))
         self._process: asyncio.subprocess.Process | None = None
         #: Wall clock minus monotonic clock, when perf started counting.
         self.offset_s = 0.0
@@ -186,6 +189,15 @@ def _said(text: str) -> Iterator[str]:
     for line in text.splitlines():
         if line.strip() and not set(line.strip()) <= set("-=> "):
             yield line
+
+
+def _remove_stale(directory: Path) -> None:
+    """Remove what a qmpprof killed while recording left (its perf died with it): the
+    directories of qmpprof processes that no longer run."""
+    for path in directory.glob(f"{_PREFIX}*-*"):
+        owner = path.name.removeprefix(_PREFIX).split("-", 1)[0]
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _die_with_parent() -> None:
