@@ -20,7 +20,8 @@ from tests.integration.conftest import record_args, run_qmpprof
 
 SVG = "{http://www.w3.org/2000/svg}"
 _SPLIT = re.compile(
-    r"vCPU threads on a host CPU ([\d.]+) s \(the kernel's schedstat: [\d.]+ s\): guest ([\d.]+)% \(([\d.]+) s\), "
+    r"vCPU threads on a host CPU ([\d.]+) s \(the kernel's schedstat: [\d.]+ s\): "
+    r"guest ([\d.]+)% \(([\d.]+) s\), "
     r"QEMU user space ([\d.]+)% \(([\d.]+) s\), host kernel ([\d.]+)% \(([\d.]+) s\)"
 )
 
