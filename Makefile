@@ -6,10 +6,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-APT_PACKAGES := qemu-system-x86 gdb gcc make binutils python3-venv tmux dwarves debuginfod libarchive-tools linux-perf
+APT_PACKAGES := qemu-system-x86 gdb gcc make binutils python3-venv tmux dwarves debuginfod libarchive-tools linux-perf libvirt-daemon-driver-qemu libvirt-clients libvirt-clients-qemu
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help demo test unit integration fuzz bench kaslr-bench lint format deps system-deps guest linux-guest linux-oracle consumers clean
+.PHONY: help demo test unit integration fuzz bench kaslr-bench serve-soak lint format deps system-deps guest linux-guest linux-oracle consumers clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -48,6 +48,13 @@ KASLR_BOOTS ?= 20
 kaslr-bench: deps linux-guest  ## boot the Linux guest KASLR_BOOTS times per kernel: does qmpprof find the guest's own KASLR slide each time (20-40 s a boot)
 	$(BIN)/python bench/kaslr_boots.py --boots $(KASLR_BOOTS)
 
+#: `make serve-soak`: scrapes of `qmpprof serve` and the minutes they are spread over
+#: (issue 26's acceptance: 200 over 20, RSS growth under 10 %).
+SOAK_SCRAPES ?= 200
+SOAK_MINUTES ?= 20
+serve-soak: deps guest  ## scrape `qmpprof serve` on two example guests SOAK_SCRAPES times over SOAK_MINUTES minutes; prints its RSS at start and end and the growth
+	$(BIN)/python bench/serve_soak.py --scrapes $(SOAK_SCRAPES) --minutes $(SOAK_MINUTES)
+
 # The optional `bench` dependencies (qemu.qmp, compared with qmpprof's own QMP client).
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[dev,bench]'
@@ -67,7 +74,7 @@ deps: system-deps $(STAMP)
 
 system-deps:  ## install QEMU, GDB, a C toolchain and a debuginfod server (tests) from Debian's packages if missing
 	@missing=""; \
-	for tool in qemu-system-x86_64 gdb gcc make ld tmux pahole debuginfod bsdtar perf; do \
+	for tool in qemu-system-x86_64 gdb gcc make ld tmux pahole debuginfod bsdtar perf libvirtd virsh virt-qemu-qmp-proxy; do \
 	  command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; \
 	done; \
 	$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \

@@ -138,6 +138,23 @@ def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
         help="QEMU's QMP unix socket (-qmp unix:PATH,server=on,wait=off)",
     )
     add(
+        "--libvirt",
+        metavar="DOMAIN",
+        help="a libvirt domain (name, id or UUID) instead of --qmp-socket: reached through "
+        "virt-qemu-qmp-proxy, started and stopped by qmpprof",
+    )
+    add(
+        "--libvirt-uri",
+        metavar="URI",
+        help="libvirt's connection URI for --libvirt, as virsh -c (default: libvirt's)",
+    )
+    add(
+        "--pid",
+        type=_int_in_range(1, 1 << 22, "pid"),
+        metavar="PID",
+        help="QEMU's process id, when the socket's peer is a proxy, not QEMU (checked)",
+    )
+    add(
         "--memory",
         choices=("auto", "direct", "memsave", "hmp"),
         default="auto",
@@ -368,8 +385,21 @@ def _add_dump_arguments(parser: argparse.ArgumentParser) -> None:
 def _target_options(args: argparse.Namespace) -> TargetOptions:
     from qmpprof.commands.common import TargetOptions
 
+    qmp_socket = getattr(args, "qmp_socket", "")
+    domain, uri = getattr(args, "libvirt", None), getattr(args, "libvirt_uri", None)
+    if domain is not None:
+        from qmpprof.errors import UsageError
+        from qmpprof.target.libvirt import proxy_socket
+
+        if qmp_socket != "./qmp-socket":
+            raise UsageError("--libvirt and --qmp-socket: give one (--libvirt makes its own)")
+        qmp_socket = proxy_socket(domain, uri)
+    elif uri is not None:
+        from qmpprof.errors import UsageError
+
+        raise UsageError("--libvirt-uri is for --libvirt DOMAIN")
     return TargetOptions(
-        qmp_socket=getattr(args, "qmp_socket", ""),
+        qmp_socket=qmp_socket,
         kernel=args.kernel,
         user_dirs=tuple(args.user_dir),
         user_files=tuple(args.user),
@@ -383,6 +413,9 @@ def _target_options(args: argparse.Namespace) -> TargetOptions:
         unwind=Strategy(args.unwind),
         cpus=getattr(args, "cpus", ()),
         unwind_paused=getattr(args, "unwind_paused", False),
+        libvirt=domain,
+        libvirt_uri=uri,
+        qemu_pid=getattr(args, "pid", None),
     )
 
 
@@ -462,6 +495,61 @@ def _run_resume(args: argparse.Namespace, out: Console, err: Console) -> None:
     _run_async(run_resume(args.qmp_socket, out))
 
 
+def _serve_arguments(parser: argparse.ArgumentParser) -> None:
+    from qmpprof.serve.addresses import (
+        DEFAULT_MAX_SECONDS,
+        DEFAULT_PORT,
+        MAX_SECONDS_LIMIT,
+        listen_address,
+        vm_spec,
+    )
+
+    add = parser.add_argument
+    add(
+        "--vm",
+        type=vm_spec,
+        action="append",
+        default=[],
+        metavar="NAME=SOCKET",
+        help="a VM to serve: its name (in URLs and the `vm` label) and its QMP socket; "
+        "repeatable, at least one",
+    )
+    add(
+        "--listen",
+        type=listen_address,
+        default=("127.0.0.1", DEFAULT_PORT),
+        metavar="HOST:PORT",
+        help=f"where to listen (default 127.0.0.1:{DEFAULT_PORT}; port 0 picks a free one)",
+    )
+    add(
+        "--max-seconds",
+        type=_int_in_range(1, MAX_SECONDS_LIMIT, "seconds"),
+        default=DEFAULT_MAX_SECONDS,
+        metavar="S",
+        help=f"the longest profile a request may ask for (default {DEFAULT_MAX_SECONDS}; "
+        "a request gets 30 s without ?seconds=N)",
+    )
+    add("--idle", action="store_true", help="include idle (halted) samples in profiles")
+    _add_binary_arguments(parser)
+    _add_rate_arguments(parser)
+    _add_nonblocking_argument(parser)
+
+
+def _run_serve(args: argparse.Namespace, out: Console, err: Console) -> None:
+    from qmpprof.commands.serve import ServeOptions, run_serve
+
+    options = ServeOptions(
+        vms=tuple(args.vm),
+        target=_target_options(args),
+        listen=args.listen,
+        period_s=_period(args),
+        max_seconds=args.max_seconds,
+        include_idle=args.idle,
+        nonblocking=args.nonblocking,
+    )
+    _run_async(run_serve(options, err))
+
+
 def _run_async(command: Coroutine[Any, Any, None]) -> None:
     """Run a command that talks to QEMU (asyncio is imported by those only)."""
     import asyncio
@@ -494,6 +582,12 @@ COMMANDS = (
         "resume a VM that a qmpprof which was killed left paused",
         _resume_arguments,
         _run_resume,
+    ),
+    Command(
+        "serve",
+        "serve each VM's profile over HTTP (GET /debug/pprof/profile?seconds=N, as Go does)",
+        _serve_arguments,
+        _run_serve,
     ),
 )
 _COMMANDS_BY_NAME = {command.name: command for command in COMMANDS}

@@ -23,6 +23,8 @@ The whole tree (`python -c "import qmpprof.errors"` imports nothing else of qmpp
     ├── KernelMismatch           the --kernel ELF does not name the guest's PCs
     ├── BadGuestKernel           the kernel's own tables in guest memory do not check (no --kernel)
     ├── HostProfileFailed        `record --host`: perf is missing, refused, or wrote nothing usable
+    ├── BadRequest               `serve`: an HTTP request refused (a status, one line to the client)
+    ├── ListenFailed             `serve`: the address to listen on cannot be had
     └── UsageError               the command line asked for something inconsistent
 
 Two private exceptions never leave their module: `_Stop` (unwind/unwinder.py) ends an
@@ -151,3 +153,18 @@ class HostProfileFailed(QmpprofError):
     """`record --host` could not profile the QEMU process on this host: perf is not
     installed, the kernel refused it (perf_event_paranoid, permissions), it died, or
     `perf script` printed what cannot be read. Raised before any output is written."""
+
+
+class BadRequest(QmpprofError):
+    """An HTTP request `qmpprof serve` refuses: `status` is the HTTP status it answers
+    with, str() the one line the client reads; `headers` go with the answer (Allow)."""
+
+    def __init__(self, status: int, reason: str, headers: tuple[tuple[str, str], ...] = ()):
+        super().__init__(reason)
+        self.status = status
+        self.headers = headers
+
+
+class ListenFailed(QmpprofError):
+    """`qmpprof serve` cannot listen where it was told (in use, not an address here,
+    a privileged port)."""

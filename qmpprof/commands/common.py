@@ -44,6 +44,12 @@ class TargetOptions:
     unwind_paused: bool = False
     #: debuginfod servers (--debuginfod), else DEBUGINFOD_URLS's.
     debuginfod: tuple[str, ...] = ()
+    #: A libvirt domain to reach through virt-qemu-qmp-proxy (--libvirt; qmp_socket is
+    #: then where that proxy listens), and libvirt's connection URI (--libvirt-uri).
+    libvirt: str | None = None
+    libvirt_uri: str | None = None
+    #: QEMU's process id when the socket's peer is not QEMU (--pid), checked.
+    qemu_pid: int | None = None
 
 
 def build_analyzer(options: TargetOptions) -> Analyzer:

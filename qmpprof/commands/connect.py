@@ -20,6 +20,7 @@ from qmpprof.record.kernel_modules import KernelModules
 from qmpprof.record.process_maps import ProcessMaps
 from qmpprof.record.relocation import KernelPlacement, kernel_slide_of
 from qmpprof.symbols.kernel_object import ModuleFiles
+from qmpprof.target.direct import identify_qemu
 from qmpprof.target.memory import MemoryBackend, open_memory
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.recovery import claim, release
@@ -40,12 +41,68 @@ async def connected(
     slide is found before the first sample (record/relocation.py) and given to
     `analyzer` as the kernel's bias, and its loaded modules are read then
     (record/kernel_modules.py) and again when samples run in kernel code nowhere known;
-    each process's file mappings are read as its samples come (record/process_maps.py)."""
-    session = await QmpSession.connect(options.qmp_socket)
+    each process's file mappings are read as its samples come (record/process_maps.py).
+    With `options.libvirt`, the domain is reached through libvirt's QMP proxy, started
+    and stopped here (target/libvirt.py); either way QEMU's pid is checked before its
+    memory is read (target/direct.py identify_qemu)."""
+    async with (
+        _session(options) as (session, described),
+        _capturing(session, options, analyzer, notice, described) as connection,
+    ):
+        yield connection
+
+
+@contextlib.asynccontextmanager
+async def _session(options: TargetOptions) -> AsyncIterator[tuple[QmpSession, str | None]]:
+    """The QMP session, QEMU's process identified; through libvirt's proxy for
+    --libvirt, with a line saying which QEMU that is."""
+    async with contextlib.AsyncExitStack() as stack:
+        if options.libvirt is not None:
+            from qmpprof.target.libvirt import proxied  # a subprocess: only when asked
+
+            await stack.enter_async_context(
+                proxied(options.libvirt, options.libvirt_uri, options.qmp_socket)
+            )
+        session = await QmpSession.connect(options.qmp_socket)
+        stack.push_async_callback(session.close)
+        described = None
+        if options.libvirt is not None:
+            described = await _identify_libvirt_qemu(session, options.libvirt, options)
+        else:
+            await identify_qemu(session, options.qemu_pid)
+        yield session, described
+
+
+async def _identify_libvirt_qemu(session: QmpSession, domain: str, options: TargetOptions) -> str:
+    """QEMU's pid from libvirt (or --pid), checked; none on another host (memory is
+    then read through the monitor, and direct says why not). Says which QEMU."""
+    from qmpprof.target.libvirt import describe_owner, find_qemu
+
+    found = await find_qemu(session, options.libvirt_uri)
+    given, how = (options.qemu_pid, "--pid") if options.qemu_pid else (found.pid, found.how)
+    await identify_qemu(session, given, how)
+    if given is None:
+        session.qemu_pid, session.not_qemu = None, found.how
+        return f"libvirt domain {visible(domain)}: {found.how}"
+    owner = describe_owner(given)
+    return f"libvirt domain {visible(domain)}: QEMU pid {given} ({owner}, from {how})"
+
+
+@contextlib.asynccontextmanager
+async def _capturing(
+    session: QmpSession,
+    options: TargetOptions,
+    analyzer: Analyzer,
+    notice: Callable[[str], None],
+    described: str | None,
+) -> AsyncIterator[tuple[QmpSession, MemoryBackend, Capturer]]:
+    """connected()'s work once QEMU is identified (`described`: the line for libvirt)."""
     try:
         await claim(session, notice)
         await check_cpus(session, options.cpus)
-        memory = await open_memory(session, options.memory, options.mem_path)
+        memory = await open_memory(session, options.memory, options.mem_path, notice)
+        if described is not None:
+            notice(f"{described}; memory backend: {describe_memory(memory)}")
         config = CaptureConfig(options.stack_bytes, options.cpus, options.unwind_paused)
         try:
             found = None
@@ -69,7 +126,6 @@ async def connected(
             await memory.close()
     finally:
         release(session)
-        await session.close()
 
 
 async def _kernel_from_guest(
@@ -129,6 +185,12 @@ async def _placement(
     )
     analyzer.forget_kernel()
     return None
+
+
+def describe_memory(memory: MemoryBackend) -> str:
+    """`direct (/proc/PID/mem)`: the backend's name and source."""
+    detail = getattr(memory, "detail", None)
+    return f"{memory.name} ({detail})" if detail else memory.name
 
 
 async def check_cpus(session: QmpSession, cpus: Collection[int]) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from qmpprof.errors import DirectMemoryUnavailable, MemoryFault
+from qmpprof.errors import DirectMemoryUnavailable, MemoryFault, UsageError
 from qmpprof.model import RegisterSet
 from qmpprof.target.paging import PagingMode, PagingState, VirtualMemory
 from qmpprof.target.qmp import QmpSession
@@ -302,13 +302,110 @@ def _check_blocks(ranges: Iterable[RamRange], blocks: Sequence[RamBlock]) -> Non
 
 
 def qemu_pid(session: QmpSession) -> int:
-    """The process id of the QEMU behind `session`, from the peer credentials of its
-    unix socket. Raises DirectMemoryUnavailable when QEMU is not a process we can see."""
+    """The process id of the QEMU behind `session`: the one identify_qemu checked, else
+    the peer of its unix socket. Raises DirectMemoryUnavailable when QEMU is not a
+    process we can see, or the peer is not QEMU (a proxy)."""
+    if session.qemu_pid is not None:
+        return session.qemu_pid
+    if session.not_qemu is not None:
+        raise DirectMemoryUnavailable(session.not_qemu)
     sock = _session_socket(session)
     pid = _peer_pid(sock) if sock is not None else _connect_for_pid(session.path)
     if pid <= 0:
         raise DirectMemoryUnavailable("QEMU runs in another PID namespace (container?)")
     return pid
+
+
+async def identify_qemu(
+    session: QmpSession, given: int | None = None, source: str = "--pid"
+) -> None:
+    """Find which process is the QEMU behind `session`, before anything reads its memory
+    or resumes it: `given` (from `source`: --pid, libvirt) or else the socket's peer, and
+    only when every vCPU thread QEMU reports (query-cpus-fast) is one of its threads.
+    Sets session.qemu_pid, or session.not_qemu with the reason; a peer that is a
+    visible process but not QEMU is a proxy, spoken to one command at a time
+    (session.one_at_a_time). Raises UsageError when `given` is not that QEMU."""
+    threads = await vcpu_threads(session)
+    peer = _peer_or_none(session)
+    if peer is not None and _owns(peer, threads):
+        if given is not None and given != peer:
+            raise UsageError(
+                f"{source} names pid {given}, which is not the QEMU behind {session.path}: "
+                f"pid {peer} is"
+            )
+        session.qemu_pid = peer
+        return
+    if peer is not None and os.path.exists(f"/proc/{peer}"):
+        session.one_at_a_time = True  # a proxy (virt-qemu-qmp-proxy), not QEMU
+    if given is None:
+        if peer is not None:  # else qemu_pid says why it cannot see QEMU, as before
+            session.not_qemu = _peer_not_qemu(peer, threads)
+        return
+    if not _owns(given, threads):
+        raise UsageError(
+            f"{source} names pid {given}, which is not the QEMU behind {session.path}: its "
+            f"vCPU threads ({_listed(threads)}) are not threads of pid {given}"
+        )
+    session.qemu_pid = given
+
+
+async def vcpu_threads(session: QmpSession) -> list[int]:
+    """The host thread ids of QEMU's vCPUs, as QEMU says (in its PID namespace)."""
+    cpus = await session.execute("query-cpus-fast")
+    return sorted({int(c["thread-id"]) for c in cpus if isinstance(c.get("thread-id"), int)})
+
+
+def _owns(pid: int, threads: Sequence[int]) -> bool:
+    """Whether every one of `threads` is a thread of process `pid` here (and there is one).
+    `pid` must be a process, not one of its threads: /proc/TID/task lists the threads of
+    TID's whole process."""
+    return (
+        pid > 0
+        and bool(threads)
+        and thread_group(pid) == pid
+        and all(os.path.exists(f"/proc/{pid}/task/{t}") for t in threads)
+    )
+
+
+def thread_group(pid: int) -> int | None:
+    """The process (thread group) thread `pid` belongs to (its Tgid), None when gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as stream:
+            for line in stream:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _peer_or_none(session: QmpSession) -> int | None:
+    try:
+        pid = qemu_pid(session)
+    except DirectMemoryUnavailable:
+        return None
+    return pid
+
+
+def _peer_not_qemu(peer: int, threads: Sequence[int]) -> str:
+    return (
+        f"the QMP socket's peer, pid {peer} ({process_name(peer)}), is not the QEMU behind it "
+        f"(vCPU threads {_listed(threads)} are not its): through a proxy such as "
+        "virt-qemu-qmp-proxy, give QEMU's pid with --pid, or use --libvirt DOMAIN"
+    )
+
+
+def process_name(pid: int) -> str:
+    """The command name of process `pid` (/proc/PID/comm), or "gone"."""
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as stream:
+            return stream.read().strip()
+    except OSError:
+        return "gone"
+
+
+def _listed(threads: Sequence[int]) -> str:
+    return ", ".join(map(str, threads[:4])) + (", …" if len(threads) > 4 else "") or "none"
 
 
 def _session_socket(session: QmpSession) -> Any:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
@@ -139,38 +140,77 @@ class MemsaveMemory:
             os.unlink(self.path)
 
 
-async def open_memory(session: QmpSession, kind: str, mem_path: str | None = None) -> MemoryBackend:
+async def open_memory(
+    session: QmpSession,
+    kind: str,
+    mem_path: str | None = None,
+    notice: Callable[[str], None] | None = None,
+) -> MemoryBackend:
     """The backend `kind` names. `auto` takes the fastest that works here: direct (guest
     RAM mapped from `mem_path`, or QEMU's /proc/PID/mem), else memsave if QEMU can write
-    a file we can read, else hmp. Raises DirectMemoryUnavailable for `direct`."""
+    a file we can read, else hmp; `notice` is told in one line why direct was not used.
+    Raises DirectMemoryUnavailable for `direct`, CommandFailed for a `memsave` that
+    QEMU cannot write where we read (another user, confined, another mount namespace)."""
     if kind == "hmp":
         return HmpMemory(session)
+    direct_problem = None
     if kind in ("direct", "auto"):
         from qmpprof.target.direct import open_direct  # mmap, sockets: only when asked
 
         try:
             return await open_direct(session, mem_path)
-        except DirectMemoryUnavailable:
+        except DirectMemoryUnavailable as err:
             if kind == "direct":
                 raise
+            direct_problem = err.reason
     if kind not in ("memsave", "auto"):
         raise UsageError(f"unknown memory backend {kind!r} (expected auto, direct, hmp, memsave)")
     backend = MemsaveMemory(session)
-    if kind == "memsave" or await _memsave_works(session, backend):
+    problem = await _memsave_problem(session, backend)
+    if problem is None:
+        if notice is not None and direct_problem is not None:
+            notice(f"memory: memsave, as direct is unavailable: {direct_problem}")
         return backend
     await backend.close()
+    if kind == "memsave":
+        raise CommandFailed("memsave", f"{problem}; --memory direct or hmp needs no file")
+    if notice is not None and direct_problem is not None:
+        notice(f"memory: hmp (slow), as direct is unavailable ({direct_problem}) and {problem}")
     return HmpMemory(session)
 
 
-async def _memsave_works(session: QmpSession, backend: MemsaveMemory) -> bool:
-    """Whether QEMU shares our filesystem: it writes a byte of physical memory we can read."""
+async def _memsave_problem(session: QmpSession, backend: MemsaveMemory) -> str | None:
+    """Why memsave cannot be used, or None when QEMU writes a byte of physical memory
+    into our file and we read it back (QEMU shares our file system and may write it)."""
     path = backend.path
     try:
         await session.execute("pmemsave", {"val": 0, "size": 1, "filename": path})
         with open(path, "rb") as stream:
-            return len(stream.read(1)) == 1
-    except (CommandFailed, OSError):
-        return False
+            if len(stream.read(1)) == 1:
+                return None
+    except CommandFailed as err:
+        return f"QEMU cannot write {path} ({err.reason}){_confinement(session)}"
+    except OSError as err:
+        return f"{path}, written by QEMU, cannot be read: {err.strerror}"
+    return (
+        f"QEMU wrote {path} in a file system of its own (another host or mount namespace:"
+        " libvirt gives QEMU a /dev of its own)"
+    )
+
+
+def _confinement(session: QmpSession) -> str:
+    """Why QEMU may be refused a file of ours: the user it runs as, when not ours."""
+    try:
+        uid = os.stat(f"/proc/{session.qemu_pid}").st_uid if session.qemu_pid else None
+    except OSError:
+        uid = None
+    if uid is None or uid == os.getuid():
+        return ""
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = f"uid {uid}"
+    return f": QEMU runs as {user}, as libvirt runs it, maybe confined by AppArmor or SELinux"
 
 
 async def _in_chunks(

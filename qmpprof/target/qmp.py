@@ -29,6 +29,7 @@ import functools
 import json
 import os
 import select
+import socket
 import stat
 import time
 from collections import deque
@@ -65,6 +66,10 @@ DIRECT_READ_S = 0.002
 _READ_SIZE = 1 << 16
 #: Run-state events kept for attribution (a tick looks at the few since it began).
 _RUN_EVENTS_KEPT = 64
+#: Through a proxy, how long a `stop` or `cont` waits for the event it raised; libvirt
+#: forwards it a millisecond or so after the reply.
+RUN_EVENT_WAIT_S = 1.0
+_RUN_STATE_COMMANDS = ("stop", "cont")
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,8 @@ class _QmpProtocol(asyncio.BufferedProtocol):
         self._chunk = memoryview(bytearray(_READ_SIZE))
         self._fd = -1
         self._poller = select.poll()
+        #: Done once no reply is due (QmpSession.one_at_a_time waits on it).
+        self.idle: asyncio.Future[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -131,6 +138,19 @@ class _QmpProtocol(asyncio.BufferedProtocol):
             left_ms = (end - time.monotonic()) * 1000
             if left_ms <= 0 or not self._read_once(left_ms):
                 return
+
+    def await_run_event(self, running: bool, mark: int, seconds: float) -> None:
+        """Read the socket without the event loop until a run-state event of `running`
+        came after the first `mark`, or `seconds` pass (blocks the loop meanwhile)."""
+        end = time.monotonic() + seconds
+        while self.closed is None and not self._run_event_since(running, mark):
+            left_ms = (end - time.monotonic()) * 1000
+            if left_ms <= 0 or not self._read_once(left_ms):
+                return
+
+    def _run_event_since(self, running: bool, mark: int) -> bool:
+        count = min(self.run_event_count - mark, len(self.run_events))
+        return any(self.run_events[-i].running == running for i in range(1, count + 1))
 
     def _read_once(self, wait_ms: float) -> bool:
         """One read of what arrives within `wait_ms`, through buffer_updated; False when
@@ -177,6 +197,8 @@ class _QmpProtocol(asyncio.BufferedProtocol):
             future = self.pending.popleft()
             if future is not None and not future.done():
                 future.set_result(message)
+            if not self.pending and self.idle is not None and not self.idle.done():
+                self.idle.set_result(None)
 
     def _event(self, message: dict[str, Any]) -> None:
         event = message["event"]
@@ -199,7 +221,7 @@ class _QmpProtocol(asyncio.BufferedProtocol):
     def _fail(self, error: Exception) -> None:
         if self.closed is None:  # the first failure says why; closing then adds an EOF
             self.closed = error
-        for future in [self.greeting, *self.pending]:
+        for future in [self.greeting, *self.pending, self.idle]:
             if future is not None and not future.done():
                 future.set_exception(error)
         self.pending.clear()
@@ -229,31 +251,53 @@ class QmpSession:
         #: The event loop time by which the current tick must end (PauseHold's budget):
         #: no command is sent after it and none is waited for beyond it (TickOverrun).
         self.deadline: float | None = None
+        #: Send one command at a time, never primed nor pipelined, and let a `stop` or
+        #: `cont` return only with its STOP or RESUME event read (waited for up to
+        #: RUN_EVENT_WAIT_S). Set when the socket's peer is not QEMU but a proxy
+        #: (target/direct.py identify_qemu): virt-qemu-qmp-proxy parses each read as one
+        #: command and stalls on two, and its events come from libvirt on another path
+        #: than the replies, after them, where QEMU sends them before (target/pause.py
+        #: relies on that order to tell its own pause).
+        self.one_at_a_time = False
+        #: one_at_a_time: (the state, the event count when sent) of a `stop` or `cont`
+        #: whose run-state event is still to be read.
+        self._awaited_event: tuple[bool, int] | None = None
+        #: The QEMU process behind the socket, once checked (identify_qemu); `not_qemu`
+        #: says why the socket's peer is not it, when it is not.
+        self.qemu_pid: int | None = None
+        self.not_qemu: str | None = None
 
     @classmethod
     async def connect(cls, path: str, timeout: float = CONNECT_TIMEOUT_S) -> QmpSession:
-        """Connect and negotiate capabilities. Raises ConnectionFailed."""
+        """Connect and negotiate capabilities within `timeout`. Raises ConnectionFailed."""
         _check_socket_path(path)
         loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        sock = await _queued_socket(path, end, timeout)
         try:
-            _, protocol = await loop.create_unix_connection(_QmpProtocol, path)
+            _, protocol = await loop.create_unix_connection(_QmpProtocol, sock=sock)
         except OSError as err:
+            sock.close()
             raise ConnectionFailed(path, _describe_os_error(err)) from err
         session = cls(protocol, path)
         try:
-            await session._handshake(timeout)
+            await session._handshake(timeout, end)
         except BaseException:
             await session.close()
             raise
         return session
 
-    async def _handshake(self, timeout: float) -> None:
+    async def _handshake(self, timeout: float, end: float) -> None:
+        """The greeting by loop time `end` (`timeout` after connect() began), then the
+        capabilities. QEMU greets a client only once it accepts it, and it serves one
+        client at a time: a client queued behind another waits here for its turn."""
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout_at(end):
                 greeting = await self._protocol.greeting
         except TimeoutError as err:
             raise ConnectionFailed(
-                self.path, f"no QMP greeting within {timeout:g} s (is another client connected?)"
+                self.path,
+                f"no QMP greeting within {timeout:g} s (is another client connected?)",
             ) from err
         except (ValueError, OSError, EOFError) as err:
             raise ConnectionFailed(self.path, _NOT_QMP) from err
@@ -281,8 +325,46 @@ class QmpSession:
     ) -> Any:
         """Run one QMP command and return its `return` value; `id` goes with it when given."""
         encoded = _request(command, arguments) if id is None else _encode(command, arguments, id)
+        if self.one_at_a_time:
+            return await self._execute_alone(command, encoded)
         (future,) = self._send((command, encoded))
         return await self._result(command, future)
+
+    async def _execute_alone(self, command: str, encoded: bytes) -> Any:
+        """`execute` through a proxy (one_at_a_time): after every reply still due, and a
+        `stop` or `cont` back only with its run-state event read (see drain)."""
+        await self._replies_in()
+        if command in _RUN_STATE_COMMANDS:
+            self._awaited_event = (command == "cont", self._protocol.run_event_count)
+        (future,) = self._send((command, encoded))
+        try:
+            result = await self._result(command, future)
+        except CommandFailed:
+            if not self.timed_out:
+                self._awaited_event = None  # refused: the run state did not change
+            raise
+        self.drain()
+        return result
+
+    async def _replies_in(self) -> None:
+        """Wait for the replies still due: a command abandoned by a tick's budget may
+        still be running behind the proxy, which must never be sent two at once."""
+        protocol = self._protocol
+        if not protocol.pending:
+            return
+        protocol.idle = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(COMMAND_TIMEOUT_S):
+                await protocol.idle
+        except TimeoutError as err:
+            self.timed_out = True
+            raise CommandFailed(
+                "(the command before)", f"no answer within {COMMAND_TIMEOUT_S:g} s"
+            ) from err
+        except (OSError, EOFError, ValueError) as err:
+            raise self._lost(err, "while a reply was due") from err
+        finally:
+            protocol.idle = None
 
     def prime(self, command: str, arguments: Mapping[str, object] | None = None) -> None:
         """Send `command` now but for its closing brace: `execute` of the same command
@@ -297,7 +379,7 @@ class QmpSession:
         self._prime(command, _request(command, arguments))
 
     def _prime(self, command: str, encoded: bytes) -> None:
-        if encoded == self._primed or self._protocol.closed is not None:
+        if encoded == self._primed or self._protocol.closed is not None or self.one_at_a_time:
             return
         self._write(self._cancel_primed() + encoded[:-_LAST_BYTES], command)
         self._primed = encoded
@@ -387,6 +469,9 @@ class QmpSession:
         sent without waiting for its reply: one round trip for both. Raises if either fails.
         """
         request = (_HMP, _hmp_request(command_line, cpu))
+        if first is not None and self.one_at_a_time:
+            await self.execute(first)
+            return await self.hmp(command_line, cpu)
         if first is None:
             (future,) = self._send(request)
             return str(await self._result(_HMP, future))
@@ -407,7 +492,7 @@ class QmpSession:
 
         Asks QEMU once, then follows its STOP and RESUME events (GDB's stops raise
         them too), read up to now, so a tick needs no `query-status` round trip."""
-        self._protocol.drain()
+        self.drain()
         if self._protocol.running is None:
             status = await self.execute("query-status")
             if self._protocol.running is None:  # no event since, which would be newer
@@ -415,8 +500,15 @@ class QmpSession:
         return self._protocol.running
 
     def drain(self) -> None:
-        """Read what QEMU has sent already (events), without waiting."""
+        """Read what QEMU has sent already (events), without waiting; through a proxy
+        (one_at_a_time), once the reply of a `stop` or `cont` is in, also wait for the
+        STOP or RESUME event it raised, as QEMU would have sent it before that reply.
+        A `stop` of a paused VM raises none: that wait ends after RUN_EVENT_WAIT_S."""
         self._protocol.drain()
+        if self._awaited_event is not None and not self._protocol.pending:
+            running, mark = self._awaited_event
+            self._awaited_event = None
+            self._protocol.await_run_event(running, mark, RUN_EVENT_WAIT_S)
 
     @property
     def run_event_count(self) -> int:
@@ -523,6 +615,38 @@ def _encode(command: str, arguments: Mapping[str, object] | None, id: str | None
 def _session_id() -> str:
     """An id no other session sends (pid and clock), always 29 characters long."""
     return f"qmpprof-{os.getpid() % 10**7:07d}-{time.monotonic_ns() % 10**12:012d}"
+
+
+async def _queued_socket(path: str, end: float, timeout: float) -> socket.socket:
+    """A unix socket connected to `path`: in QEMU's queue of clients waiting for their
+    turn, if not served at once. QEMU 7.2 listens with a backlog of 1, so while one
+    client holds the monitor two more may wait and a fourth is refused with EAGAIN (a
+    Proxmox VM's socket, used by its tools command by command, frees up within
+    milliseconds): try again until loop time `end` (`timeout` after the first try).
+    Raises ConnectionFailed."""
+    loop = asyncio.get_running_loop()
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.setblocking(False)
+        try:
+            sock.connect(path)  # a unix connect is done at once, or refused at once
+            return sock
+        except BlockingIOError:
+            sock.close()
+            if loop.time() >= end:
+                raise ConnectionFailed(path, _QUEUE_FULL.format(timeout=timeout)) from None
+            await asyncio.sleep(_QUEUE_RETRY_S)
+        except OSError as err:
+            sock.close()
+            raise ConnectionFailed(path, _describe_os_error(err)) from err
+
+
+_QUEUE_FULL = (
+    "QEMU's monitor is busy: another client holds it and its queue of waiting clients "
+    "stayed full for {timeout:g} s"
+)
+#: How often a full queue is tried again (a Proxmox tool's command takes milliseconds).
+_QUEUE_RETRY_S = 0.02
 
 
 def _check_socket_path(path: str) -> None:
