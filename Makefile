@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-APT_PACKAGES := qemu-system-x86 gdb gcc make binutils python3-venv tmux dwarves debuginfod libarchive-tools linux-perf libvirt-daemon-driver-qemu libvirt-clients libvirt-clients-qemu
+APT_PACKAGES := qemu-system-x86 gdb gcc make binutils python3-venv tmux dwarves debuginfod libarchive-tools linux-perf libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-clients-qemu
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: help demo test unit integration fuzz bench kaslr-bench serve-soak lint format deps system-deps guest linux-guest linux-oracle consumers clean

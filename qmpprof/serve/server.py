@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -51,7 +52,9 @@ class HttpServer:
         try:
             self._server = await asyncio.start_server(self._connection, host, port)
         except (OSError, UnicodeError) as err:
-            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            # asyncio rewords bind errors around the address; the errno says it plainly
+            errno = err.errno if isinstance(err, OSError) else None
+            reason = os.strerror(errno) if errno else str(err)
             raise ListenFailed(f"cannot listen on {host}:{port}: {reason}") from err
         address = self._server.sockets[0].getsockname()
         return str(address[0]), int(address[1])

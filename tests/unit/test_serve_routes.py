@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import gzip
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from qmpprof.errors import BadRequest
 from qmpprof.output.pprof import pprof_bytes
 from qmpprof.profile import Scope
+from qmpprof.serve.addresses import listen_address, vm_spec
 from qmpprof.serve.http import Response, parse_head
 from qmpprof.serve.labels import with_labels
 from qmpprof.serve.routes import ProfileAsk, Site, parse_query, route
@@ -121,3 +123,15 @@ def test_labels_refuse_what_is_not_protobuf() -> None:
         with_labels(b"\x12\x05ab", [("vm", "x")])
     with pytest.raises(ValueError, match="wire type"):
         with_labels(b"\x0f", [("vm", "x")])
+
+
+def test_command_line_values() -> None:
+    assert vm_spec("web-1=/run/vm/web.qmp") == ("web-1", "/run/vm/web.qmp")
+    assert listen_address("[::1]:0") == ("::1", 0)
+    assert listen_address("0.0.0.0:6060") == ("0.0.0.0", 6060)
+    for bad in ("nosocket", "=x", "-a=x", "a/b=x", "é=x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            vm_spec(bad)
+    for bad in ("6060", ":6060", "h:65536", "h:x", "h:٣"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            listen_address(bad)
