@@ -85,7 +85,8 @@ def test_no_stack_is_called_torn(recorded: tuple[Path, str]) -> None:
 
 
 def stacks_by_label(document: dict[str, object]) -> dict[str, list[Stack]]:
-    """speedscope's profiles ("vCPU N — LABEL[, thread T]") merged by LABEL."""
+    """speedscope's profiles ("LABEL[, thread T]", or "vCPU N — LABEL…" grouped by vCPU)
+    merged by LABEL."""
     shared = document["shared"]
     assert isinstance(shared, dict)
     frames = [Frame(entry["name"], entry.get("file")) for entry in shared["frames"]]
@@ -93,7 +94,7 @@ def stacks_by_label(document: dict[str, object]) -> dict[str, list[Stack]]:
     profiles = document["profiles"]
     assert isinstance(profiles, list)
     for profile in profiles:
-        label = profile["name"].split(" — ", 1)[1].split(", thread ", 1)[0]
+        label = profile["name"].split(" — ", 1)[-1].split(", thread ", 1)[0]
         samples = [tuple(frames[i] for i in sample) for sample in profile["samples"]]
         stacks.setdefault(label, []).extend(samples)
     return stacks
