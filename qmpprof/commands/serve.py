@@ -47,7 +47,6 @@ from qmpprof.record.backlog import Backlog
 from qmpprof.record.sampler import LoopConfig, sample_loop
 from qmpprof.serve.addresses import DEFAULT_MAX_SECONDS
 from qmpprof.serve.http import PPROF, Request, Response, refused, text_response
-from qmpprof.serve.labels import with_labels
 from qmpprof.serve.routes import ProfileAsk, Site, route
 from qmpprof.serve.server import HttpServer
 
@@ -216,9 +215,13 @@ class Scraped:
             return text_response(500, f"VM {vm}: {self.mismatch}")
         profile = self.collector.profile
         raw = pprof_bytes(
-            self.collector.samples, self.recording, profile.scope, profile.include_idle
+            self.collector.samples,
+            self.recording,
+            profile.scope,
+            profile.include_idle,
+            labels=(("vm", vm),),
         )
-        body = gzip.compress(with_labels(raw, [("vm", vm)]), compresslevel=6)
+        body = gzip.compress(raw, compresslevel=6)
         disposition = f'attachment; filename="{vm}.pb.gz"'
         return Response(200, body, PPROF, (("Content-Disposition", disposition),))
 

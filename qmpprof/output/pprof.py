@@ -39,10 +39,15 @@ def write_pprof(
 
 
 def pprof_bytes(
-    samples: Sequence[Sample], recording: Recording, scope: Scope, include_idle: bool
+    samples: Sequence[Sample],
+    recording: Recording,
+    scope: Scope,
+    include_idle: bool,
+    labels: Sequence[tuple[str, str]] = (),
 ) -> bytes:
-    """The uncompressed profile.proto message for the counted samples."""
-    builder = ProtoProfile(round(recording.period_s * 1e9))
+    """The uncompressed profile.proto message for the counted samples; `labels` (key,
+    value) go on every sample after its own (`serve`'s `vm`)."""
+    builder = ProtoProfile(round(recording.period_s * 1e9), labels)
     for sample in samples:
         frames = counted(sample, scope, include_idle)
         if frames:
@@ -113,8 +118,10 @@ class ProtoProfile:
     """The tables of one profile.proto being assembled: strings, mappings, functions,
     locations and samples (identical stacks with identical labels are merged)."""
 
-    def __init__(self, period_ns: int) -> None:
+    def __init__(self, period_ns: int, labels: Sequence[tuple[str, str]] = ()) -> None:
         self.period_ns = period_ns
+        #: String labels every sample carries after its own.
+        self.labels = tuple(labels)
         self.strings: dict[str, int] = {"": 0}
         #: By module name, or by process map entry (FileMapping).
         self.mappings: dict[str | FileMapping, _Mapping] = {}
@@ -184,8 +191,8 @@ class ProtoProfile:
 
     def _sample(self, key: _SampleKey, count: int) -> bytes:
         labels = [
-            uint_field(1, self.string("process")) + uint_field(2, self.string(key.process)),
-            uint_field(1, self.string("mode")) + uint_field(2, self.string(key.mode)),
+            self._text_label("process", key.process),
+            self._text_label("mode", key.mode),
         ]
         if key.vcpu >= 0:  # a host thread of `record --host` ran on no vCPU
             labels.insert(
@@ -195,10 +202,8 @@ class ProtoProfile:
                 + uint_field(4, self.string(VCPU_UNIT)),
             )
         if key.thread_name is not None:
-            labels.append(
-                uint_field(1, self.string("thread_name"))
-                + uint_field(2, self.string(key.thread_name))
-            )
+            labels.append(self._text_label("thread_name", key.thread_name))
+        labels.extend(self._text_label(name, value) for name, value in self.labels)
         if key.thread is not None:
             labels.append(
                 uint_field(1, self.string("thread"))
@@ -207,6 +212,9 @@ class ProtoProfile:
             )
         message = packed_field(1, key.locations) + packed_field(2, [count, count * self.period_ns])
         return bytes_field(2, message + b"".join(bytes_field(3, label) for label in labels))
+
+    def _text_label(self, key: str, value: str) -> bytes:
+        return uint_field(1, self.string(key)) + uint_field(2, self.string(value))
 
     def _mapping(self, key: str | FileMapping, mapping: _Mapping) -> bytes:
         file = mapping.file

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import gzip
+from typing import Any
 
 import pytest
 
@@ -12,9 +12,8 @@ from qmpprof.output.pprof import pprof_bytes
 from qmpprof.profile import Scope
 from qmpprof.serve.addresses import listen_address, vm_spec
 from qmpprof.serve.http import Response, parse_head
-from qmpprof.serve.labels import with_labels
 from qmpprof.serve.routes import ProfileAsk, Site, parse_query, route
-from tests.consumers.protobuf import decode_message, ints, messages, one
+from tests.consumers.protobuf import Fields, decode_message, ints, messages, one
 from tests.consumers.samples import RECORDING, realistic_samples
 
 ONE = Site(("web",), max_seconds=60)
@@ -100,29 +99,44 @@ def test_query_fields() -> None:
     assert parse_query("a=1+2&b=%2F&c") == {"a": "1 2", "b": "/", "c": ""}
 
 
+def strings(message: Fields) -> list[str]:
+    return [s.decode() for s in message[6] if isinstance(s, bytes)]
+
+
+def resolved(message: Fields, number: int, texts: tuple[int, ...]) -> list[dict[int, Any]]:
+    """Each repeated field `number` of a profile, its string-table fields `texts` read as
+    the strings they index (the tables of two profiles may order them differently)."""
+    table = strings(message)
+    return [
+        {k: [table[i] for i in ints(m, k)] if k in texts else v for k, v in m.items()}
+        for m in messages(message, number)
+    ]
+
+
+def sample_labels(message: Fields) -> list[list[tuple[str, str]]]:
+    table = strings(message)
+    return [
+        [(table[one(label, 1)], table[one(label, 2)]) for label in messages(sample, 3)]
+        for sample in messages(message, 2)
+    ]
+
+
 def test_every_sample_gets_the_vm_label_and_nothing_else_changes() -> None:
     raw = pprof_bytes(realistic_samples(), RECORDING, Scope.ALL, False)
-    labelled = decode_message(with_labels(raw, [("vm", "web-1")]))
+    labelled = decode_message(
+        pprof_bytes(realistic_samples(), RECORDING, Scope.ALL, False, labels=[("vm", "web-1")])
+    )
     plain = decode_message(raw)
-    strings = [s.decode() for s in labelled[6] if isinstance(s, bytes)]
-    assert strings[: len(plain[6])] == [s.decode() for s in plain[6] if isinstance(s, bytes)]
     samples = messages(labelled, 2)
     assert len(samples) == len(messages(plain, 2)) > 0
+    for tags, tags_before in zip(sample_labels(labelled), sample_labels(plain), strict=True):
+        assert tags == [*tags_before, ("vm", "web-1")]
     for sample, before in zip(samples, messages(plain, 2), strict=True):
-        labels = [(strings[one(m, 1)], strings[one(m, 2)]) for m in messages(sample, 3)]
-        assert labels[-1] == ("vm", "web-1")
-        assert len(labels) == len(messages(before, 3)) + 1
         assert ints(sample, 1) == ints(before, 1) and ints(sample, 2) == ints(before, 2)
-    for number in (3, 4, 5):  # mappings, locations, functions: as written
-        assert labelled.get(number) == plain.get(number)
-    assert gzip.decompress(gzip.compress(with_labels(raw, []))) == raw
-
-
-def test_labels_refuse_what_is_not_protobuf() -> None:
-    with pytest.raises(ValueError, match="past the end"):
-        with_labels(b"\x12\x05ab", [("vm", "x")])
-    with pytest.raises(ValueError, match="wire type"):
-        with_labels(b"\x0f", [("vm", "x")])
+    # mappings (file names), locations, functions (names, files): as written
+    for number, texts in ((3, (5, 6)), (4, ()), (5, (2, 3, 4))):
+        assert resolved(labelled, number, texts) == resolved(plain, number, texts)
+    assert pprof_bytes(realistic_samples(), RECORDING, Scope.ALL, False, labels=()) == raw
 
 
 def test_command_line_values() -> None:
