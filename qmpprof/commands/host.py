@@ -12,7 +12,7 @@ from qmpprof.errors import HostProfileFailed, QmpprofError
 from qmpprof.host.merge import HostSplit, QemuThreads, merge
 from qmpprof.model import Sample
 from qmpprof.record.host_perf import HostRecorder, find_perf
-from qmpprof.target.direct import qemu_pid
+from qmpprof.target.direct import process_name, qemu_pid
 from qmpprof.target.qmp import QmpSession
 
 
@@ -72,7 +72,7 @@ async def qemu_threads(session: QmpSession) -> QemuThreads:
         thread, index = cpu.get("thread-id"), cpu.get("cpu-index")
         if isinstance(thread, int) and isinstance(index, int):
             vcpus[thread] = (*vcpus.get(thread, ()), index)
-    return QemuThreads(pid, _comm(pid), vcpus)
+    return QemuThreads(pid, process_name(pid), vcpus)
 
 
 def on_cpu_ns(threads: QemuThreads) -> int | None:
@@ -86,10 +86,3 @@ def on_cpu_ns(threads: QemuThreads) -> int | None:
         except (OSError, ValueError, IndexError):
             return None
     return total
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text(errors="replace").strip() or "qemu"
-    except OSError:
-        return "qemu"

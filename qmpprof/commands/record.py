@@ -27,7 +27,7 @@ from qmpprof.commands.common import (
     cfi_problems,
     file_problems,
 )
-from qmpprof.commands.connect import connected
+from qmpprof.commands.connect import connected, describe_memory
 from qmpprof.commands.host import HostOptions, HostRun, host_recording
 from qmpprof.console import Console, say
 from qmpprof.console.progress import RecordProgress
@@ -125,7 +125,7 @@ async def _record(
                 capture = CaptureOutput.open(path, recording, options.capture_memory)
                 collector.keep_in(_closed_at_exit(files, capture))
         with contextlib.suppress(OSError):  # a terminal closed during setup (SIGHUP)
-            _announce(options, collector, _describe(memory), err)
+            _announce(options, collector, describe_memory(memory), err)
         collector.maps_stats = capturer.maps.stats if capturer.maps is not None else None
         with _progress(err, options.duration_s) as progress:
             stats = await sample_loop(
@@ -196,11 +196,6 @@ def _progress(err: Console, duration_s: float | None) -> Iterator[ProgressSink]:
     finally:
         with contextlib.suppress(OSError):
             progress.__exit__(None, None, None)
-
-
-def _describe(memory: object) -> str:
-    detail = getattr(memory, "detail", None)
-    return f"{getattr(memory, 'name', '?')} ({detail})" if detail else getattr(memory, "name", "?")
 
 
 def _announce(options: RecordOptions, collector: Collector, memory: str, err: Console) -> None:
