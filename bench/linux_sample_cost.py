@@ -5,13 +5,16 @@ Boots examples/linux (Debian's kernel, 2 vCPUs, KASLR on; --abi picks the kernel
 sample_cost.py does on the example guest:
   floor_ms     a bare-socket loop of stop, info registers -a, cont: no memory, no unwind
   stop_ms      qmpprof's stop-mode sampling path (primed `stop`, registers, a copy of the
-               memory the unwind reads, `cont`) with the analyzer `qmpprof record` builds (the debug
-               vmlinux with the OS adapter registry.py picks, --user for each workload
-               in examples/linux/build) and the KASLR slide found as connect.py finds
-               it; memory `direct`: with --ram file (the default, as sample_cost.py on
-               the example guest) the guest's RAM is a shared file qmpprof maps
-               (boot.sh --memory-backend, qmpprof --mem-path), with --ram proc it is
-               read through QEMU's /proc/PID/mem (a QEMU started without a RAM file)
+               memory the unwind reads, `cont`) with the analyzer `qmpprof record` builds:
+               with --kernel memory (the default, as a user with no debug files runs
+               it) the kernel read from the guest's memory and each process's files from
+               its maps; with --kernel vmlinux the debug vmlinux with the OS adapter
+               registry.py picks, --user for each workload in examples/linux/build, and
+               the KASLR slide found as connect.py finds it; memory `direct`: with
+               --ram file (the default, as sample_cost.py on the example guest) the
+               guest's RAM is a shared file qmpprof maps (boot.sh --memory-backend,
+               qmpprof --mem-path), with --ram proc it is read through QEMU's
+               /proc/PID/mem (a QEMU started without a RAM file)
   analysis_ms  what is left of one tick after the VM runs again (the unwind of the
                copied stacks, symbols)
   paused_stop_ms  the stop path of `record --unwind-paused`: memory read on demand and
@@ -21,6 +24,8 @@ sample_cost.py does on the example guest:
   *_cpu_ms     this process's CPU time per tick of the floor and of the stop path
                (analysis included), median of the rounds: on a loaded host the wall
                times follow QEMU's scheduling, this follows only our own work
+  cpu_per_vcpu_sample_ms  the stop path's CPU per tick over the vCPUs it sampled: what
+               one vCPU sample costs this process (issue 27's figure)
   connect_cpu_ms  the CPU time of opening the connection as `record` does (once a run)
 the least and greatest stop/floor ratio of the tick and of the pause over the rounds
 (each round's medians: how far the host's noise moves the ratio), and, over every
@@ -58,6 +63,8 @@ from tests.linux_vm import ROOT, running_linux
 BUILD = ROOT / "examples" / "linux" / "build"
 #: The workloads init starts, each its own program named after its comm.
 WORKLOADS = tuple(BUILD / name for name in ("crunch", "crunchnofp", "sysloop", "pinned", "sleeper"))
+#: The vCPUs boot.sh gives the guest (every tick samples each).
+VCPUS = 2
 #: The samples each stop tick captured, and what analysis made of them.
 Kept = list[tuple[CapturedSample, Sample]]
 
@@ -122,11 +129,16 @@ def measure(args: argparse.Namespace) -> Measured:
         running_linux(Path(directory), *ram_arguments(args.ram, ram), abi=args.abi) as guest,
     ):
         mem_path = ram if args.ram == "file" else None
+        from_vmlinux = args.kernel == "vmlinux"
         options = TargetOptions(
-            guest.qmp, guest.kernel, user_files=WORKLOADS, memory="direct", mem_path=mem_path
+            guest.qmp,
+            guest.kernel if from_vmlinux else None,
+            user_files=WORKLOADS if from_vmlinux else (),
+            memory="direct",
+            mem_path=mem_path,
         )
         analyzer = build_analyzer(options)
-        print(f"kernel {guest.abi}, OS adapter {analyzer.adapter.name}, RAM {args.ram}", flush=True)
+        print(f"kernel {guest.abi} from {args.kernel}, RAM {args.ram}", flush=True)
         paused = replace(options, unwind_paused=True)
         for _ in range(args.rounds):
             started = time.process_time()
@@ -192,9 +204,16 @@ def main() -> None:
     parser.add_argument(
         "--ram", choices=("file", "proc"), default="file", help="how qmpprof reads guest RAM"
     )
+    parser.add_argument(
+        "--kernel",
+        choices=("memory", "vmlinux"),
+        default="memory",
+        help="the kernel read from guest memory (no --kernel), or the debug vmlinux",
+    )
     args = parser.parse_args()
     times, round_ratios, kept, abi = measure(args)
     ms = {name: round(median(values) * 1000, 3) for name, values in times.items()}
+    ms["cpu_per_vcpu_sample"] = round(ms["stop_cpu"] / VCPUS, 3)
     ratio = round(ms["stop"] / ms["floor"], 2)
     figures = sample_figures(kept)
     paused_ratio = round(ms["paused_stop"] / ms["floor"], 2)
@@ -221,13 +240,15 @@ def main() -> None:
         f"our CPU per tick: floor {ms['floor_cpu']:.3f} ms, stop {ms['stop_cpu']:.3f} ms, "
         f"--unwind-paused {ms['paused_stop_cpu']:.3f} ms; connecting {ms['connect_cpu']:.1f} ms"
     )
+    print(f"our CPU per vCPU sample: {ms['cpu_per_vcpu_sample']:.3f} ms ({VCPUS} vCPUs)")
     print(
         f"{figures['windows_per_sample']} memory windows per sample (max "
         f"{figures['windows_max']}); {figures['kernel_into_user']} of "
         f"{figures['kernel_samples']} kernel samples reach user space "
         f"({figures['kernel_into_user_share']}); {figures['user_samples']} user samples"
     )
-    summary = {"abi": abi, "ram": args.ram} | {f"{name}_ms": value for name, value in ms.items()}
+    summary = {"abi": abi, "ram": args.ram, "kernel": args.kernel}
+    summary |= {f"{name}_ms": value for name, value in ms.items()}
     ratios = {"stop_over_floor": ratio, "paused_stop_over_floor": paused_ratio}
     per_round = {f"{what}_ratio_range": list(bounds) for what, bounds in spread.items()}
     print(json.dumps(summary | ratios | {"pause_over_floor": pause_ratio} | per_round | figures))

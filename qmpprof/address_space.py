@@ -132,6 +132,9 @@ class AddressSpace:
         self._starts = [m.start for m in self.mappings]
         self.code = ModuleCode(self)
         self.return_sites = ReturnSites(self)
+        #: Rows by guest address: asked for every frame of every sample, and a
+        #: profile's PCs repeat.
+        self._rows: dict[int, UnwindRow | None] = {}
 
     def mapping_at(self, address: int) -> Mapping | None:
         index = bisect.bisect_right(self._starts, address) - 1
@@ -142,6 +145,14 @@ class AddressSpace:
 
     def row_for(self, address: int) -> UnwindRow | None:
         """The CFI row for a guest address (unwind.unwinder.CfiLookup)."""
+        row = self._rows.get(address, False)
+        if row is False:
+            if len(self._rows) >= MAX_ROWS:
+                self._rows.clear()
+            row = self._rows[address] = self._row_at(address)
+        return row  # type: ignore[return-value]
+
+    def _row_at(self, address: int) -> UnwindRow | None:
         mapping = self.mapping_at(address)
         if mapping is None:
             return None
@@ -194,6 +205,8 @@ class ModuleCode:
         return int.from_bytes(self.read(address, 8), "little")
 
 
+#: Unwind rows kept per address space, by address.
+MAX_ROWS = 1 << 14
 #: Return-site answers kept per address space (a profile meets a few thousand).
 MAX_RETURN_SITES = 1 << 14
 

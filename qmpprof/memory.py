@@ -27,7 +27,7 @@ class WindowMemory:
 
     def __init__(self, windows: Iterable[MemoryWindow]) -> None:
         #: (base, end, data): every unwound frame reads here, so the ends are computed once.
-        self._windows = tuple((w.base, w.end, w.data) for w in windows if w.data)
+        self._windows = [(w.base, w.base + len(w.data), w.data) for w in windows if w.data]
 
     def read(self, address: int, size: int) -> bytes:
         for base, end, data in self._windows:
@@ -61,7 +61,7 @@ class FetchingMemory:
 
     def __init__(self, windows: Iterable[MemoryWindow], fetch: WindowFetch, limit: int) -> None:
         self.windows = [w for w in windows if w.data]
-        self._spans = [(w.base, w.end, w.data) for w in self.windows]
+        self._spans = [(w.base, w.base + len(w.data), w.data) for w in self.windows]
         self._fetch = fetch
         self._left = limit
         self._unreadable: set[int] = set()
@@ -80,6 +80,13 @@ class FetchingMemory:
         value: int = _U64.unpack_from(found[1], found[0])[0]
         return value
 
+    def keep(self, window: MemoryWindow) -> None:
+        """Add bytes known without reading them (words the OS never changes, read at an
+        earlier sample), so that the windows hold every byte the examination used."""
+        if window.data and self._find(window.base, len(window.data)) is None:
+            self.windows.append(window)
+            self._spans.append((window.base, window.base + len(window.data), window.data))
+
     def _find(self, address: int, size: int) -> tuple[int, bytes] | None:
         for base, end, data in self._spans:
             if base <= address and address + size <= end:
@@ -92,9 +99,10 @@ class FetchingMemory:
             return None
         self._left -= 1
         window = self._fetch(address, size)
-        if window is None or not window.base <= address < window.end:
+        end = window.base + len(window.data) if window is not None else address
+        if window is None or not window.base <= address < end:
             self._unreadable.add(address)
             return None
         self.windows.append(window)
-        self._spans.append((window.base, window.end, window.data))
-        return (address - window.base, window.data) if address + size <= window.end else None
+        self._spans.append((window.base, end, window.data))
+        return (address - window.base, window.data) if address + size <= end else None

@@ -25,7 +25,7 @@ from typing import Any
 
 from qmpprof.errors import DirectMemoryUnavailable, MemoryFault, UsageError
 from qmpprof.model import RegisterSet
-from qmpprof.target.paging import PagingMode, PagingState, VirtualMemory
+from qmpprof.target.paging import PagingMode, PagingState, TableCache, VirtualMemory
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.ram_layout import (
     RamBlock,
@@ -173,7 +173,7 @@ class DirectMemory:
         """Start a tick: translate with these registers, forgetting every cached
         translation (the guest ran since the last tick and may have changed its tables)."""
         shared: dict[PagingState, VirtualMemory] = {}
-        tables: dict[int, bytes] = {}
+        tables = TableCache()
         self._vcpus = {}
         for regs in registers:
             state = PagingState.from_registers(regs)

@@ -10,6 +10,7 @@ has a fixed number of levels, every read may fault, reserved bits are masked awa
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ MAX_READ_BYTES = 1 << 24
 CACHE_LIMIT = 4096
 #: Page-table pages kept before that cache starts over (a tick needs a few dozen).
 TABLE_PAGES_LIMIT = 256
+#: Page-table entries kept before that cache starts over.
+TABLE_ENTRIES_LIMIT = 16384
 
 _CR0_PG = 1 << 31
 _CR4_PSE = 1 << 4
@@ -119,6 +122,16 @@ def _levels(state: PagingState, mode: PagingMode) -> tuple[_Level, ...]:
     return ()
 
 
+@functools.cache
+def _steps(levels: tuple[_Level, ...]) -> tuple[_Level, ...]:
+    """Per level: (index shift, the shift and mask that give the entry's byte offset in
+    its table, large-page frame mask or 0), for the walk's inner loop."""
+    return tuple(
+        (shift, shift - size.bit_length() + 1, mask * size, large)
+        for shift, mask, size, large in levels
+    )
+
+
 def _root(state: PagingState, mode: PagingMode) -> int:
     if mode is PagingMode.PAE:
         return state.cr3 & 0xFFFF_FFE0  # the PDPT is 32-byte aligned, below 4 GiB
@@ -141,6 +154,26 @@ def _address_limits(mode: PagingMode) -> tuple[int, int]:
     return 1 << 32, _ADDRESS_SPACE_END
 
 
+class TableCache:
+    """Page-table pages and entries read at one moment, by physical address: what every
+    vCPU's walker of that moment shares (the kernel's half of every address space is
+    mapped by the same tables). Bounded: it starts over when full."""
+
+    def __init__(self) -> None:
+        #: Whole table pages: a walk reads one of them once, not an entry at a time
+        #: (each read of guest RAM may be a system call).
+        self.pages: dict[int, bytes] = {}
+        #: Entries by physical address and size (8 bytes, or 4 for 32-bit paging), as a
+        #: CPU's paging-structure caches keep them: neighbouring pages share all but
+        #: their last levels.
+        self.entries: dict[int, dict[int, int]] = {8: {}, 4: {}}
+
+    def clear(self) -> None:
+        self.pages.clear()
+        for entries in self.entries.values():
+            entries.clear()
+
+
 class VirtualMemory:
     """A MemoryReader over one vCPU's virtual addresses, translated through its page
     tables with a cache of page → frame translations.
@@ -155,12 +188,11 @@ class VirtualMemory:
         self,
         physical: PhysicalReader,
         state: PagingState,
-        tables: dict[int, bytes] | None = None,
+        tables: TableCache | None = None,
         upper_root: int | None = None,
     ) -> None:
-        """`tables`: the page-table pages read so far, by physical address, to share with
-        the other vCPUs' readers of the same moment (the kernel's half of every address
-        space is mapped by the same tables). `upper_root`: a second top-level table to
+        """`tables`: the page tables read so far, to share with the other vCPUs' readers
+        of the same moment. `upper_root`: a second top-level table to
         walk an upper-half address from when the vCPU's own does not map it (a kernel
         that isolates its page tables runs user code on one that maps little of it)."""
         self.physical = physical
@@ -172,12 +204,10 @@ class VirtualMemory:
         self._upper_root = upper_root if mode in (PagingMode.LONG4, PagingMode.LONG5) else None
         self._low_end, self._high_start = _address_limits(mode)
         self._cache: dict[int, tuple[int, int]] = {}  # virtual page number → _page()
-        #: Table entries by physical address, as a CPU's paging-structure caches keep
-        #: them: neighbouring pages share all but their last levels.
-        self._entries: dict[int, int] = {}
-        #: Whole table pages: a walk reads one of them once, not an entry at a time
-        #: (each read of guest RAM may be a system call).
-        self._tables: dict[int, bytes] = {} if tables is None else tables
+        self._tables = TableCache() if tables is None else tables
+        self._entry_size = self._levels[0][2] if self._levels else 8
+        self._entries = self._tables.entries[self._entry_size]
+        self._steps = _steps(self._levels)
 
     @classmethod
     def from_registers(cls, physical: PhysicalReader, registers: RegisterSet) -> VirtualMemory:
@@ -186,7 +216,6 @@ class VirtualMemory:
     def flush(self) -> None:
         """Forget every cached translation (the guest may have changed its tables)."""
         self._cache.clear()
-        self._entries.clear()
         self._tables.clear()
 
     def translate(self, address: int) -> int:
@@ -220,6 +249,11 @@ class VirtualMemory:
         memory (a large page, or neighbouring frames) are read in one piece.
         """
         size = max(0, min(size, MAX_READ_BYTES, _ADDRESS_SPACE_END - max(address, 0)))
+        if 0 < size <= PAGE_SIZE - (address & _PAGE_OFFSET):  # one page: all of it or none
+            try:
+                return self._read_in_page(address, size)
+            except MemoryFault:
+                return b""
         parts = []
         for virtual, physical, length in self._runs(address, size):
             data = self._readable_prefix(virtual, physical, length)
@@ -324,31 +358,39 @@ class VirtualMemory:
         renames it)."""
         table = root
         entries = self._entries
-        for shift, index_mask, entry_size, large_frame in self._levels:
-            entry_address = table + ((address >> shift) & index_mask) * entry_size
+        for shift, offset_shift, offset_mask, large_frame in self._steps:
+            entry_address = table + ((address >> offset_shift) & offset_mask)
             entry = entries.get(entry_address)
             if entry is None:
-                entry = entries[entry_address] = self._read_entry(entry_address, entry_size)
+                entry = self._read_entry(entry_address)
             if not entry & _PRESENT:
                 raise MemoryFault(address)
             if large_frame and entry & _LARGE:
                 offset = address & ((1 << shift) - 1) & ~_PAGE_OFFSET
-                return _large_page(entry, entry_size, large_frame) | offset, (1 << shift) - offset
+                frame = _large_page(entry, self._entry_size, large_frame)
+                return frame | offset, (1 << shift) - offset
             table = entry & _ADDRESS_MASK
         return table, PAGE_SIZE
 
-    def _read_entry(self, entry_address: int, entry_size: int) -> int:
+    def _read_entry(self, entry_address: int) -> int:
+        """The entry at `entry_address`, from its table page (read whole once); kept."""
+        entry_size = self._entry_size
+        if len(self._entries) >= TABLE_ENTRIES_LIMIT:
+            self._entries.clear()
         page = entry_address & ~_PAGE_OFFSET
-        table = self._tables.get(page)
+        pages = self._tables.pages
+        table = pages.get(page)
         if table is None:
             table = self._read(page, PAGE_SIZE)
             if len(table) != PAGE_SIZE:
                 raise MemoryFault(entry_address, entry_size)
-            if len(self._tables) >= TABLE_PAGES_LIMIT:
-                self._tables.clear()
-            self._tables[page] = table
+            if len(pages) >= TABLE_PAGES_LIMIT:
+                pages.clear()
+            pages[page] = table
         offset = entry_address & _PAGE_OFFSET
-        return int.from_bytes(table[offset : offset + entry_size], "little")
+        entry = int.from_bytes(table[offset : offset + entry_size], "little")
+        self._entries[entry_address] = entry
+        return entry
 
 
 def _large_page(entry: int, entry_size: int, frame_mask: int) -> int:

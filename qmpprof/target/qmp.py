@@ -180,7 +180,8 @@ class _QmpProtocol(asyncio.BufferedProtocol):
 
     def _message(self, line: bytes) -> None:
         try:
-            message = json.loads(line)
+            # Decoded here: json.loads of bytes first guesses their encoding in Python.
+            message = json.loads(line.decode())
         except ValueError as err:
             self._fail(_Malformed(f"not JSON: {err}"))
             return

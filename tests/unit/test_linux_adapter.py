@@ -19,7 +19,7 @@ from qmpprof.errors import MemoryFault
 from qmpprof.guest.dwarf_types import Member
 from qmpprof.guest.linux.adapter import CPUNODE_OFFSET, LinuxAdapter, TaskLayout, linux_cpu
 from qmpprof.guest.linux.kaslr import linked_string, mismatch_banner
-from qmpprof.memory import WindowMemory
+from qmpprof.memory import FetchingMemory, WindowFetch, WindowMemory
 from qmpprof.model import IDLE_CONTEXT, MemoryWindow, Process
 from qmpprof.target.registers import parse_all
 from tests.unit.conftest import build_elf
@@ -141,3 +141,33 @@ def test_another_kernels_banner_is_a_one_line_mismatch(tmp_path: Path) -> None:
     assert message is not None and "\n" not in message
     assert "Linux version 6.1.0-probe" in message and "Linux version 6.1.0-" in message
     assert "0x1234" in message
+
+
+def test_words_the_kernel_never_changes_are_read_once_and_kept_in_every_sample() -> None:
+    """__per_cpu_offset[] and the GDT's CPUNODE descriptor (BootConstants): a second
+    sample of the same vCPU fetches neither, yet its windows hold their bytes, so its
+    replay (a fresh adapter over those windows alone) names the same task."""
+    areas = NM["__per_cpu_offset"] + SLIDE
+    linux = adapter()
+    for regs in REGISTERS:
+        everything = [window(w) for w in DATA["vcpus"][regs.vcpu]["windows"]]
+        area = WindowMemory(everything).read_u64(areas + 8 * regs.vcpu)
+        kernel, user = replace(regs, cpl=0, gs_base=area), replace(regs, cpl=3, gs_base=0)
+        for sample in (kernel, user, replace(kernel), replace(user)):  # new objects each
+            fetched: list[int] = []
+            memory = FetchingMemory([], recording_fetch(everything, fetched), 16)
+            process = linux.process(sample, memory)
+            assert process == adapter().process(regs, memory_of(regs.vcpu))
+            assert adapter().process(sample, WindowMemory(memory.windows)) == process
+        constants = {areas + 8 * regs.vcpu, regs.gdt_base + CPUNODE_OFFSET}
+        assert not constants & set(fetched)  # the last sample's fetches
+
+
+def recording_fetch(windows: list[MemoryWindow], fetched: list[int]) -> WindowFetch:
+    """A fetch from `windows` that notes each address it is asked for in `fetched`."""
+
+    def fetch(address: int, size: int) -> MemoryWindow | None:
+        fetched.append(address)
+        return next((w for w in windows if w.base <= address < w.end), None)
+
+    return fetch

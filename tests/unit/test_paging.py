@@ -19,6 +19,7 @@ from qmpprof.target.paging import (
     MAX_READ_BYTES,
     PagingMode,
     PagingState,
+    TableCache,
     VirtualMemory,
 )
 from tests.unit.properties import examples
@@ -342,7 +343,7 @@ def test_translations_are_cached_until_flushed() -> None:
 
 def test_readers_of_one_moment_share_the_table_pages_they_read() -> None:
     ram = Ram()
-    tables: dict[int, bytes] = {}
+    tables = TableCache()
     long4_kernel_page(ram)
     first = VirtualMemory(ram, LONG4, tables)
     assert first.translate(0xFFFF_FFFF_8012_3000) == 0x7000

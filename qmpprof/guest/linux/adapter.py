@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 from qmpprof.guest.adapter import NAME_LIMIT, KernelFacts, UserRegisters, task_name
 from qmpprof.guest.dwarf_types import Member
-from qmpprof.memory import MemoryReader
-from qmpprof.model import IDLE_CONTEXT, Process, RegisterSet
+from qmpprof.memory import FetchingMemory, MemoryReader
+from qmpprof.model import IDLE_CONTEXT, MemoryWindow, Process, RegisterSet
 from qmpprof.unwind.orc import PT_REGS
 from qmpprof.unwind.rules import REGISTER_COUNT, RIP
 
@@ -121,6 +121,15 @@ class LinuxAdapter:
         #: linux_banner's link address: what record/relocation.py checks a slide with.
         self.banner = banner
         self.bias = 0
+        #: Per (vCPU, per-CPU variable), the value read for the registers of one moment:
+        #: a sample asks for its task and stack top several times (the copy while paused,
+        #: the examination, the process maps), and every answer is the same. Keyed by the
+        #: RegisterSet object, so a new tick (or a capture's replay) reads again.
+        self._per_cpu_values: dict[tuple[int, int], tuple[RegisterSet, int]] = {}
+        #: Per vCPU, the task read for the registers of one moment (as above).
+        self._processes: dict[int, tuple[RegisterSet, Process]] = {}
+        #: What never changes once the kernel is up, read once (see `_constant`).
+        self._constants = BootConstants()
 
     @classmethod
     def probe(cls, facts: KernelFacts) -> bool:
@@ -150,8 +159,16 @@ class LinuxAdapter:
     def process(self, registers: RegisterSet, memory: MemoryReader) -> Process | None:
         """The task on this vCPU; None when the kernel gave no way to tell. Raises
         MemoryFault for memory it needs."""
+        known = self._processes.get(registers.vcpu)
+        if known is not None and known[0] is registers:
+            return known[1]
         task = self.task_address(registers, memory)
-        return None if task is None or self.task is None else self.task.read(memory, task)
+        if task is None or self.task is None:
+            return None
+        process = self.task.read(memory, task)
+        if 0 <= registers.vcpu < MAX_CPUS:
+            self._processes[registers.vcpu] = (registers, process)
+        return process
 
     def task_address(self, registers: RegisterSet, memory: MemoryReader) -> int | None:
         """The address of the task_struct running on this vCPU (`current`); None when
@@ -160,13 +177,26 @@ class LinuxAdapter:
             return None
         if not 0 <= registers.vcpu < MAX_CPUS:
             return None
-        task = memory.read_u64((self._cpu_area(registers, memory) + self.current_task) % (1 << 64))
-        return task or None
+        return self._per_cpu_value(registers, memory, self.current_task) or None
+
+    def _per_cpu_value(self, registers: RegisterSet, memory: MemoryReader, offset: int) -> int:
+        """The 64-bit per-CPU variable at `offset` of this vCPU's Linux CPU (see
+        `_per_cpu_values`). Raises MemoryFault."""
+        key = (registers.vcpu, offset)
+        known = self._per_cpu_values.get(key)
+        if known is not None and known[0] is registers:
+            return known[1]
+        value = memory.read_u64((self._cpu_area(registers, memory) + offset) % (1 << 64))
+        if len(self._per_cpu_values) >= 4 * MAX_CPUS:
+            self._per_cpu_values.clear()
+        self._per_cpu_values[key] = (registers, value)
+        return value
 
     def _cpu_area(self, registers: RegisterSet, memory: MemoryReader) -> int:
         assert self.per_cpu_offsets is not None
         areas = self.per_cpu_offsets + self.bias
-        return per_cpu_area(areas, linux_cpu(areas, registers, memory), memory)
+        remembering = self._constants.reader(memory)
+        return per_cpu_area(areas, linux_cpu(areas, registers, remembering), remembering)
 
     def user_registers(self, registers: RegisterSet, memory: MemoryReader) -> UserRegisters:
         """The `struct pt_regs` at the top of the running task's kernel stack, where every
@@ -194,10 +224,75 @@ class LinuxAdapter:
             return None
         if not 0 <= registers.vcpu < MAX_CPUS:
             return None
-        top: int = memory.read_u64(
-            (self._cpu_area(registers, memory) + self.top_of_stack) % (1 << 64)
-        )
-        return top
+        return self._per_cpu_value(registers, memory, self.top_of_stack)
+
+
+class BootConstants:
+    """The 64-bit words a task lookup reads that a running kernel never changes, read
+    once instead of at every sample (each read is a page walk, and they are half of a
+    sample's reads): `__per_cpu_offset[]`, written once while booting (before, every
+    entry holds a boot-time value), and each CPU's GDT descriptor that gives its number,
+    written when that CPU starts.
+
+    Remembered only once they are final: the per-CPU offsets once one of them equals a
+    kernel-mode GS base (the kernel points GS there only after it wrote them all), a GDT
+    descriptor once it was read in a user-mode sample with Linux's shape (a CPU runs
+    user code only after it started). A sample that takes a word from here still gets
+    its bytes (an 8-byte window, `FetchingMemory.keep`), so a capture replays alone."""
+
+    def __init__(self) -> None:
+        self.final_offsets = False
+        self._words: dict[int, int] = {}
+
+    def reader(self, memory: MemoryReader) -> MemoryReader:
+        """`memory`, with remembered words answered from here when it can keep them."""
+        if not isinstance(memory, FetchingMemory):
+            return memory  # monitor reads in rounds: each round reads what it missed
+        return _Remembering(self, memory)
+
+    def get(self, address: int) -> int | None:
+        return self._words.get(address)
+
+    def remember(self, address: int, value: int) -> None:
+        if len(self._words) < MAX_BOOT_CONSTANTS:
+            self._words[address] = value
+
+
+#: Words kept by BootConstants: two per CPU at most.
+MAX_BOOT_CONSTANTS = 2 * MAX_CPUS
+
+
+class _Remembering:
+    """A FetchingMemory whose reads of boot constants go through BootConstants: which
+    addresses those are, the task lookup's two functions below say by asking
+    `read_constant`; every other read passes through."""
+
+    def __init__(self, constants: BootConstants, memory: FetchingMemory) -> None:
+        self.constants = constants
+        self._memory = memory
+
+    def read(self, address: int, size: int) -> bytes:
+        return self._memory.read(address, size)
+
+    def read_u64(self, address: int) -> int:
+        return self._memory.read_u64(address)
+
+    def read_constant(self, address: int, final: bool) -> int:
+        """The word at `address`, remembered once `final` says it cannot change."""
+        known = self.constants.get(address)
+        if known is not None:
+            self._memory.keep(MemoryWindow(address, known.to_bytes(8, "little")))
+            return known
+        value = self._memory.read_u64(address)
+        if final:
+            self.constants.remember(address, value)
+        return value
+
+
+def _read_constant(memory: MemoryReader, address: int, final: bool) -> int:
+    if isinstance(memory, _Remembering):
+        return memory.read_constant(address, final)
+    return memory.read_u64(address)
 
 
 def _top_of_stack(facts: KernelFacts, pcpu_hot: Mapping[str, Member]) -> int | None:
@@ -213,7 +308,8 @@ def _top_of_stack(facts: KernelFacts, pcpu_hot: Mapping[str, Member]) -> int | N
 def per_cpu_area(areas: int, cpu: int, memory: MemoryReader) -> int:
     """Where Linux CPU `cpu`'s per-CPU variables are: its entry of __per_cpu_offset,
     which is at `areas` in the guest."""
-    return memory.read_u64(areas + 8 * cpu)
+    final = isinstance(memory, _Remembering) and memory.constants.final_offsets
+    return _read_constant(memory, areas + 8 * cpu, final)
 
 
 def linux_cpu(areas: int, registers: RegisterSet, memory: MemoryReader) -> int:
@@ -222,10 +318,15 @@ def linux_cpu(areas: int, registers: RegisterSet, memory: MemoryReader) -> int:
     vcpu = registers.vcpu
     kernel_gs = registers.gs_base if registers.cpl == 0 else 0
     if kernel_gs and per_cpu_area(areas, vcpu, memory) == kernel_gs:
+        if isinstance(memory, _Remembering):
+            memory.constants.final_offsets = True
         return vcpu
     if not registers.gdt_base:
         return vcpu
-    descriptor = memory.read_u64((registers.gdt_base + CPUNODE_OFFSET) % (1 << 64))
+    address = (registers.gdt_base + CPUNODE_OFFSET) % (1 << 64)
+    descriptor = _read_constant(memory, address, final=False)
     if (descriptor >> 40) & _USER_SEGMENT != _USER_SEGMENT:
         return vcpu
+    if registers.cpl == 3 and isinstance(memory, _Remembering):
+        memory.constants.remember(address, descriptor)
     return descriptor & _CPU_MASK
