@@ -17,6 +17,8 @@
                   (QmpSession.prime; the floor sends each command whole)
   naive_ms        the naive method: stop, registers, one HMP `x` per frame (following
                   the frame-pointer chain), cont; median of the walks at depth >= 8
+  cpu_per_vcpu_sample_ms  this process's CPU time over the stop-mode ticks (analysis
+                  included) per vCPU sample: what one sample costs qmpprof (issue 27)
   session_ms      the floor's three commands (stop, info registers -a, cont) through
                   qmpprof's own client, QmpSession.execute: what speaking QMP ourselves
                   costs over a bare socket
@@ -118,11 +120,17 @@ def naive_ms(guest: Guest, count: int) -> tuple[list[float], list[int]]:
 
 
 async def qmpprof_ms(
-    guest: Guest, ram: Path, count: int, mode: str
+    guest: Guest, ram: Path, count: int, mode: str, cpu: list[float] | None = None
 ) -> tuple[list[float], list[float]]:
-    """(sampling-path times, analysis times): the recorder analyses between ticks."""
+    """(sampling-path times, analysis times): the recorder analyses between ticks. This
+    process's CPU seconds per vCPU sample appended to `cpu` if given."""
     async with sampling_session(guest, mem_path=ram) as (session, analyzer, capturer):
-        return await ticks_ms(session, analyzer, capturer, count, mode)
+        kept: list[tuple[CapturedSample, Sample]] = []
+        started = time.process_time()
+        times = await ticks_ms(session, analyzer, capturer, count, mode, kept)
+        if cpu is not None and kept:
+            cpu.append((time.process_time() - started) / len(kept))
+        return times
 
 
 async def ticks_ms(
@@ -213,7 +221,7 @@ CLIENTS = ("floor", "session", "qemu_qmp")
 def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], list[int]]:
     """Every method's times (and the naive walks' depths), the methods taking turns."""
     names = ["floor", "session", "qemu_qmp", "floor_nonblocking", "stop", "stop_unprimed"]
-    names += ["nonblocking", "nonblocking_primed", "naive", "analysis"]
+    names += ["nonblocking", "nonblocking_primed", "naive", "analysis", "cpu_per_vcpu_sample"]
     times: dict[str, list[float]] = {name: [] for name in names}
     depths: list[int] = []
     with booted_with_ram_file("--accel", args.accel) as (guest, ram):
@@ -224,7 +232,8 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], list[int]
                 times["qemu_qmp"] += asyncio.run(client_ms(guest, args.samples, "qemu_qmp"))
             times["floor_nonblocking"] += floor_ms(guest.qmp, args.samples, "nonblocking")
             for mode in ("stop", "stop_unprimed", "nonblocking", "nonblocking_primed"):
-                path, analysis = asyncio.run(qmpprof_ms(guest, ram, args.samples, mode))
+                cpu = times["cpu_per_vcpu_sample"] if mode == "stop" else None
+                path, analysis = asyncio.run(qmpprof_ms(guest, ram, args.samples, mode, cpu))
                 times[mode] += path
                 times["analysis"] += analysis
             naive, round_depths = naive_ms(guest, args.samples)

@@ -58,6 +58,9 @@ from qmpprof.target.memory import MemoryBackend
 from qmpprof.user_files import UserFiles
 
 REREAD_INTERVAL_S = 1.0
+#: Address spaces whose maps are kept before the cache starts over (a guest that starts
+#: processes by the thousand; each is read again when next seen).
+MAX_KNOWN = 4096
 #: Pages asked for at once when reading a loaded file's tables (guest/loaded_elf.py).
 IMAGE_CHUNK_PAGES = 16
 #: CR3's address bits: the low 12 are PCID (or flags), the top bit is "no flush".
@@ -136,10 +139,10 @@ class _Known:
     executable: tuple[tuple[int, int], ...]
     read_at: float
     sources: tuple[FileSource | None, ...] = ()
-
-
-#: What _read gives for a task whose mm is not the loaded one (never kept).
-_SWITCHING = _Known(None, (), 0.0)
+    #: The task's mm was not the one CR3 held: kept, as a task's mm never is another
+    #: CR3's, so that a vCPU seen mid context switch (or a nonblocking sample whose task
+    #: changed after its registers were read) does not walk the maps at every sample.
+    switching: bool = False
 
 
 class ProcessMaps:
@@ -187,10 +190,12 @@ class ProcessMaps:
         pc = user_pc if user_pc is not None else registers.rip if registers.cpl == 3 else None
         if known is None or (self._stale(known) and not _runs_known(known, pc)):
             done = await self._read(registers, task, known)
-            if done is None or done is _SWITCHING:
+            if done is None:
                 return ()
+            if len(self._known) >= MAX_KNOWN:
+                self._known.clear()
             known = self._known[key] = done
-        return known.files
+        return () if known.switching else known.files
 
     def _stale(self, known: _Known) -> bool:
         return self._clock() - known.read_at >= REREAD_INTERVAL_S
@@ -211,15 +216,15 @@ class ProcessMaps:
     async def _read(
         self, registers: RegisterSet, task: int, before: _Known | None
     ) -> _Known | None:
-        """A new read of the maps; None for a task without an mm (nothing to keep),
-        _SWITCHING for one whose mm is not loaded (nothing to keep either)."""
+        """A new read of the maps; None for a task without an mm (nothing to keep), a
+        `switching` one for a task whose mm is not loaded."""
         now = self._clock()
         loaded = self._loaded_check(registers)
         done = await read_maps(self._memory, registers.vcpu, self._layout, task, loaded)
         self.stats.walks += 1
         if done is not None and done.switching:
             self.stats.switching += 1
-            return _SWITCHING
+            return _Known(None, (), now, switching=True)
         if done is None:
             self.stats.failed += 1
             return _Known(before.files, before.executable, now) if before else _Known(None, (), now)

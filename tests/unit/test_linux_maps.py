@@ -266,3 +266,28 @@ def test_a_task_whose_mm_is_not_the_loaded_one_gets_no_files(abi: str, name: str
     assert loaded is not None and not loaded.switching
     files = [[m.start, m.end, m.offset, m.path] for m in loaded.files]
     assert files == [expected[:4] for expected in workload["found"]]
+
+
+class NeverLoaded(ProcessMaps):
+    """Maps whose check says no task's mm is the one CR3 holds (every vCPU seen mid
+    context switch, as nonblocking samples often are: the task read after the registers)."""
+
+    def _loaded_check(self, registers: RegisterSet) -> Any:
+        async def loaded(reader: object, pgd: int) -> bool:
+            return False
+
+        return loaded
+
+
+def test_a_task_seen_mid_context_switch_is_walked_again_at_most_once_a_second() -> None:
+    clock = Clock()
+    abi, name = CAUGHT[0]
+    workload = DATA[abi]["workloads"][name]
+    guest = SavedGuest(workload["kernel_reads"] + workload["user_reads"])
+    maps = NeverLoaded(gdb_layout(abi), guest, clock)  # type: ignore[arg-type]
+    for _ in range(3):
+        assert asyncio.run(maps.maps_for(registers(0x401000), workload["task"])) == ()
+    assert (maps.stats.walks, maps.stats.switching) == (1, 1)
+    clock.now += REREAD_INTERVAL_S
+    assert asyncio.run(maps.maps_for(registers(0x401000), workload["task"])) == ()
+    assert (maps.stats.walks, maps.stats.switching) == (2, 2)
