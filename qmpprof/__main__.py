@@ -2,4 +2,4 @@ import sys
 
 from qmpprof.cli import main
 
-sys.exit(main())
+sys.exit(main(exiting=True))

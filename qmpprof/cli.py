@@ -2,13 +2,16 @@
 
 This is the only module that prints errors and chooses exit codes. The commands are one
 list (`COMMANDS`); each imports its module only when it runs, so `qmpprof report`
-does not load the QMP client that `record` needs.
+does not load the QMP client that `record` needs. Start-up matters (`qmpprof dump` is
+run once per stack, bench/startup.py): only the command given gets its arguments (and
+the imports their choices need), and rich is imported by the commands that draw.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import math
 import sys
 from collections.abc import Callable, Coroutine, Sequence
@@ -17,17 +20,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from qmpprof import __version__
-from qmpprof.console import Console, terminal
+from qmpprof.console import plain_stdout, terminal
 from qmpprof.defaults import DEFAULT_MAX_DEPTH, DEFAULT_RATE_HZ, DEFAULT_STACK_BYTES
 from qmpprof.errors import QmpprofError
-from qmpprof.output.writers import Format, infer_format
-from qmpprof.profile import Grouping, Scope
-from qmpprof.unwind.unwinder import Strategy
 from qmpprof.visible import visible
 
 if TYPE_CHECKING:
     from qmpprof.commands.common import TargetOptions
     from qmpprof.commands.host import HostOptions
+    from qmpprof.output.writers import Format
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -53,15 +54,35 @@ MIN_REFRESH_S, MAX_REFRESH_S = 0.1, 3600.0
 MAX_HOST_RATE_HZ = 4000.0
 #: Each perf sample keeps an 8 KiB stack copy: 250 Hz is 2 MB/s per busy thread.
 DEFAULT_HOST_RATE_HZ = 250.0
+#: The cyclic garbage collector's first threshold while a one-shot command runs: its
+#: imports and loading make some 100,000 objects that live to the end, and collecting
+#: them every 700 (Python's default) was a tenth of a `qmpprof dump`. Still bounded.
+ONE_SHOT_GC_THRESHOLD = 200_000
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run qmpprof; returns the exit status (0 ok, 1 error, 2 bad usage)."""
-    arguments = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(_with_default_command(arguments))
-    out, err = terminal()
+def main(argv: Sequence[str] | None = None, exiting: bool = False) -> int:
+    """Run qmpprof; returns the exit status (0 ok, 1 error, 2 bad usage). `exiting`: the
+    process ends when this returns (`python -m qmpprof`)."""
+    thresholds = gc.get_threshold()
+    command = None
     try:
-        _COMMANDS_BY_NAME[args.command].run(args, out, err)
+        arguments = _with_default_command(list(sys.argv[1:] if argv is None else argv))
+        command = _COMMANDS_BY_NAME.get(arguments[0]) if arguments else None
+        if command is not None and command.one_shot and thresholds[0]:  # 0: never collects
+            gc.set_threshold(max(thresholds[0], ONE_SHOT_GC_THRESHOLD), *thresholds[1:])
+        args = build_parser(arguments[0] if arguments else None).parse_args(arguments)
+        return _run(_COMMANDS_BY_NAME[args.command], args)
+    finally:
+        if exiting and command is not None and command.one_shot:
+            # The interpreter's exit collects once more, through every object there is
+            # (a tenth of a second after a `dump`): what is left is not garbage of ours.
+            gc.freeze()
+        gc.set_threshold(*thresholds)
+
+
+def _run(command: Command, args: argparse.Namespace) -> int:
+    try:
+        command.run(args)
     except QmpprofError as error:
         _say(f"qmpprof: error: {visible(' '.join(str(error).split()))}")
         return EXIT_ERROR
@@ -81,7 +102,10 @@ def _with_default_command(argv: list[str]) -> list[str]:
     return ["record", *argv]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; given `only`, a command's name, the parser of a
+    command line that starts with it: the other commands are left out (their arguments'
+    choices import modules `only` may not need, and each parser costs a millisecond)."""
     parser = _OneLineParser(
         prog="qmpprof",
         description="Sample where a QEMU guest spends its CPU time, from outside, over QMP.",
@@ -89,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"qmpprof {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in COMMANDS:
-        command.add_arguments(subparsers.add_parser(command.name, help=command.help))
+        if only not in _COMMANDS_BY_NAME or command.name == only:
+            command.add_arguments(subparsers.add_parser(command.name, help=command.help))
     return parser
 
 
@@ -184,6 +209,8 @@ def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_binary_arguments(parser: argparse.ArgumentParser) -> None:
+    from qmpprof.unwind.unwinder import Strategy
+
     add = parser.add_argument
     add("--kernel", type=Path, metavar="ELF", help="the guest kernel's ELF file with symbols")
     add(
@@ -244,6 +271,9 @@ def _add_binary_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    from qmpprof.output.writers import Format
+    from qmpprof.profile import Grouping, Scope
+
     add = parser.add_argument
     add(
         "-o",
@@ -384,6 +414,7 @@ def _add_dump_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _target_options(args: argparse.Namespace) -> TargetOptions:
     from qmpprof.commands.common import TargetOptions
+    from qmpprof.unwind.unwinder import Strategy
 
     qmp_socket = getattr(args, "qmp_socket", "")
     domain, uri = getattr(args, "libvirt", None), getattr(args, "libvirt_uri", None)
@@ -419,8 +450,9 @@ def _target_options(args: argparse.Namespace) -> TargetOptions:
     )
 
 
-def _run_record(args: argparse.Namespace, out: Console, err: Console) -> None:
+def _run_record(args: argparse.Namespace) -> None:
     from qmpprof.commands.record import RecordOptions, run_record
+    from qmpprof.profile import Grouping
 
     options = RecordOptions(
         target=_target_options(args),
@@ -435,7 +467,7 @@ def _run_record(args: argparse.Namespace, out: Console, err: Console) -> None:
         verbose=args.verbose,
         host=_host_options(args),
     )
-    _run_async(run_record(options, out, err))
+    _run_async(run_record(options, *terminal()))
 
 
 def _host_options(args: argparse.Namespace) -> HostOptions | None:
@@ -444,8 +476,9 @@ def _host_options(args: argparse.Namespace) -> HostOptions | None:
     return HostOptions(args.host_rate) if args.host else None
 
 
-def _run_report(args: argparse.Namespace, out: Console, err: Console) -> None:
+def _run_report(args: argparse.Namespace) -> None:
     from qmpprof.commands.report import ReportOptions, run_report
+    from qmpprof.profile import Grouping
 
     options = ReportOptions(
         capture=args.capture,
@@ -456,10 +489,12 @@ def _run_report(args: argparse.Namespace, out: Console, err: Console) -> None:
         grouping=Grouping(args.group_by),
         reunwind=args.reunwind,
     )
-    run_report(options, out, err)
+    run_report(options, *terminal())
 
 
 def _outputs(args: argparse.Namespace) -> tuple[tuple[Path, Format], ...]:
+    from qmpprof.output.writers import infer_format
+
     paths = args.output or [Path("profile.folded")]
     return tuple((path, infer_format(path, args.format)) for path in paths)
 
@@ -468,7 +503,7 @@ def _period(args: argparse.Namespace) -> float:
     return args.interval / 1000 if args.interval is not None else 1 / (args.rate or DEFAULT_RATE_HZ)
 
 
-def _run_top(args: argparse.Namespace, out: Console, err: Console) -> None:
+def _run_top(args: argparse.Namespace) -> None:
     from qmpprof.commands.top import TopOptions, run_top
 
     options = TopOptions(
@@ -479,20 +514,20 @@ def _run_top(args: argparse.Namespace, out: Console, err: Console) -> None:
         include_idle=args.idle,
         nonblocking=args.nonblocking,
     )
-    _run_async(run_top(options, out))
+    _run_async(run_top(options, terminal()[0]))
 
 
-def _run_dump(args: argparse.Namespace, out: Console, err: Console) -> None:
+def _run_dump(args: argparse.Namespace) -> None:
     from qmpprof.commands.dump import DumpOptions, run_dump
 
     options = DumpOptions(_target_options(args), as_json=args.json, lines=args.lines)
-    _run_async(run_dump(options, out))
+    _run_async(run_dump(options, plain_stdout()))  # what rich would print, without rich
 
 
-def _run_resume(args: argparse.Namespace, out: Console, err: Console) -> None:
+def _run_resume(args: argparse.Namespace) -> None:
     from qmpprof.commands.resume import run_resume
 
-    _run_async(run_resume(args.qmp_socket, out))
+    _run_async(run_resume(args.qmp_socket, terminal()[0]))
 
 
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -535,7 +570,7 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     _add_nonblocking_argument(parser)
 
 
-def _run_serve(args: argparse.Namespace, out: Console, err: Console) -> None:
+def _run_serve(args: argparse.Namespace) -> None:
     from qmpprof.commands.serve import ServeOptions, run_serve
 
     options = ServeOptions(
@@ -547,7 +582,7 @@ def _run_serve(args: argparse.Namespace, out: Console, err: Console) -> None:
         include_idle=args.idle,
         nonblocking=args.nonblocking,
     )
-    _run_async(run_serve(options, err))
+    _run_async(run_serve(options, terminal()[1]))
 
 
 def _run_async(command: Coroutine[Any, Any, None]) -> None:
@@ -559,12 +594,15 @@ def _run_async(command: Coroutine[Any, Any, None]) -> None:
 
 @dataclass(frozen=True)
 class Command:
-    """One `qmpprof COMMAND`: its arguments, and how it runs (importing its module then)."""
+    """One `qmpprof COMMAND`: its arguments, and how it runs (importing its module then,
+    and making the consoles it prints to)."""
 
     name: str
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace, Console, Console], None]
+    run: Callable[[argparse.Namespace], None]
+    #: Runs once and exits (ONE_SHOT_GC_THRESHOLD; and main's `exiting`).
+    one_shot: bool = False
 
 
 #: Every command, in the order `--help` lists them; `record` is the default.
@@ -572,7 +610,13 @@ COMMANDS = (
     Command(
         "record", "sample for a while and write a profile (default)", _record_arguments, _run_record
     ),
-    Command("dump", "print the current stack of every vCPU once", _dump_arguments, _run_dump),
+    Command(
+        "dump",
+        "print the current stack of every vCPU once",
+        _dump_arguments,
+        _run_dump,
+        one_shot=True,
+    ),
     Command(
         "report", "write any output format from a .qmpcap capture", _report_arguments, _run_report
     ),

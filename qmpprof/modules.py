@@ -13,7 +13,7 @@ from pathlib import Path, PurePosixPath
 from elftools.elf.elffile import ELFFile
 
 from qmpprof.errors import BadElf
-from qmpprof.memory import WindowMemory
+from qmpprof.memory import MemoryReader, WindowMemory
 from qmpprof.model import FileMapping, KernelModule, MemoryWindow
 from qmpprof.symbols.derived import FileKey, derived, file_key, kind_for
 from qmpprof.symbols.elf import PlainTable, Symbol, SymbolTable, read_code_symbols
@@ -53,7 +53,9 @@ class Module:
     path: Path
     symbols: SymbolTable
     cfi: CfiTable
-    code: WindowMemory
+    #: Its code bytes at file addresses (a kernel read from guest memory reads its text
+    #: when first asked: guest/linux/from_memory.py).
+    code: MemoryReader
     text: TextSection | None
     #: The GNU build-id note's bytes, when the file has one: names the exact build.
     build_id: bytes | None = None

@@ -13,7 +13,6 @@ from qmpprof.defaults import DEFAULT_MAX_DEPTH, DEFAULT_STACK_BYTES
 from qmpprof.errors import BadElf
 from qmpprof.guest.adapter import GenericAdapter, OsAdapter
 from qmpprof.guest.kernel_types import ElfTypes
-from qmpprof.guest.registry import choose_adapter
 from qmpprof.model import FileMapping
 from qmpprof.modules import load_module, load_user_modules
 from qmpprof.symbols.debuginfod import Debuginfod
@@ -127,7 +126,11 @@ def mapped_sources(analyzer: Analyzer) -> Callable[[FileMapping], tuple[Path, in
 
 def _adapter(kernel: Path | None) -> OsAdapter:
     """The OS adapter the kernel ELF calls for; the generic one when none applies."""
-    return choose_adapter(kernel) if kernel is not None else GenericAdapter()
+    if kernel is None:
+        return GenericAdapter()
+    from qmpprof.guest.registry import choose_adapter  # every adapter: only for an ELF
+
+    return choose_adapter(kernel)
 
 
 def file_problems(analyzer: Analyzer) -> list[str]:

@@ -12,7 +12,6 @@ from qmpprof.errors import BadElf, KernelMismatch, UsageError
 from qmpprof.guest.kernel_types import ElfTypes
 from qmpprof.guest.linux.adapter import LinuxAdapter
 from qmpprof.guest.linux.from_memory import GuestKernel
-from qmpprof.guest.registry import choose_adapter
 from qmpprof.modules import load_module
 from qmpprof.record.capture import CaptureConfig, Capturer
 from qmpprof.record.guest_kernel import ADVICE, check_build_id, read_kernel
@@ -150,6 +149,8 @@ def _use_vmlinux(
     """The guest kernel's own debug file, fetched by its build-id: inlined frames and
     source lines, as with --kernel (its banner is checked against the guest's as with
     --kernel). One that does not load leaves the kernel read from memory."""
+    from qmpprof.guest.registry import choose_adapter  # every adapter: only for an ELF
+
     try:
         module = load_module(vmlinux, "vmlinux", shown="vmlinux")  # cached as `debuginfo`
     except BadElf as err:

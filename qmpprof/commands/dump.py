@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from qmpprof.commands.common import (
     TargetOptions,
@@ -12,12 +13,14 @@ from qmpprof.commands.common import (
     say_on_stderr,
 )
 from qmpprof.commands.connect import connected
-from qmpprof.console import Console
 from qmpprof.errors import KernelMismatch, UsageError
 from qmpprof.output.dump import dump_json, dump_text
 from qmpprof.symbols.coverage import KernelCoverage
 from qmpprof.symbols.lines import SourceLookup
 from qmpprof.target.pause import paused
+
+if TYPE_CHECKING:
+    from qmpprof.console import Printer
 
 #: How long dump may hold the VM paused before it gives up (TickOverrun), VM resumed.
 DUMP_BUDGET_S = 5.0
@@ -30,7 +33,7 @@ class DumpOptions:
     lines: bool = False
 
 
-async def run_dump(options: DumpOptions, out: Console) -> None:
+async def run_dump(options: DumpOptions, out: Printer) -> None:
     """Print every vCPU's stack. Raises QmpprofError (KernelMismatch after printing)."""
     analyzer = build_analyzer(options.target)
     async with (

@@ -29,19 +29,20 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import http.client
 import math
 import os
 import struct
 import tempfile
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, BinaryIO
+from typing import IO, TYPE_CHECKING, BinaryIO
+
+if TYPE_CHECKING:
+    import http.client
+    import urllib.request
 
 from qmpprof.errors import UsageError
 from qmpprof.visible import visible
@@ -74,21 +75,28 @@ class _Answer(enum.Enum):
     UNWRITABLE = "unwritable"  # the cache cannot be written (a notice said so)
 
 
-class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
-    """Follows a server's redirect only to another http(s) URL (urllib would go to ftp)."""
+def _opener() -> urllib.request.OpenerDirector:
+    """urllib's opener, following a server's redirect only to another http(s) URL
+    (urllib would go to ftp). urllib.request and http.client (with email) are imported
+    only here, when there is a server to ask: some 20 ms of every command's start-up
+    otherwise, `qmpprof dump`'s included."""
+    import urllib.request
 
-    def redirect_request(
-        self,
-        req: urllib.request.Request,
-        fp: IO[bytes],
-        code: int,
-        msg: str,
-        headers: http.client.HTTPMessage,
-        newurl: str,
-    ) -> urllib.request.Request | None:
-        if urllib.parse.urlsplit(newurl).scheme not in ("http", "https"):
-            return None  # urllib then raises HTTPError with the redirect's code
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
+    class HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
+        def redirect_request(
+            self,
+            req: urllib.request.Request,
+            fp: IO[bytes],
+            code: int,
+            msg: str,
+            headers: http.client.HTTPMessage,
+            newurl: str,
+        ) -> urllib.request.Request | None:
+            if urllib.parse.urlsplit(newurl).scheme not in ("http", "https"):
+                return None  # urllib then raises HTTPError with the redirect's code
+            return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+    return urllib.request.build_opener(HttpOnlyRedirects)
 
 
 class Debuginfod:
@@ -119,7 +127,7 @@ class Debuginfod:
         self._notice = notice
         self._missed: set[tuple[str, bytes]] = set()
         self._down: set[str] = set()
-        self._opener = urllib.request.build_opener(_HttpOnlyRedirects)
+        self._opener = _opener()
 
     @classmethod
     def from_environment(
@@ -187,6 +195,10 @@ class Debuginfod:
 
     def _ask(self, url: str, build_id: bytes, kind: str, target: Path) -> _Answer:
         """Asks the server at `url`; its file, when good, is stored at `target`."""
+        import http.client  # imported by _opener() already
+        import urllib.error
+        import urllib.request
+
         address = f"{url}/buildid/{build_id.hex()}/{kind}"
         request = urllib.request.Request(address, headers=_HEADERS)
         try:
@@ -207,6 +219,8 @@ class Debuginfod:
 
     def _receive(self, response: object, address: str, build_id: bytes, target: Path) -> _Answer:
         """Checks the response's headers, then stores its body at `target`."""
+        import http.client  # imported by _opener() already
+
         if not isinstance(response, http.client.HTTPResponse) or response.status != 200:
             return self._failed(address, f"unexpected answer {getattr(response, 'status', '?')}")
         encoding = response.getheader("Content-Encoding", "identity").strip().lower()
@@ -259,6 +273,8 @@ class Debuginfod:
     ) -> str | None:
         """Streams the body into `file` (whose OSErrors propagate); why the body is
         incomplete or too large, or None."""
+        import http.client  # imported by _opener() already
+
         meter = _Meter(self._progress, total)
         received = 0
         while True:

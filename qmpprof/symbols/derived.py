@@ -127,16 +127,19 @@ def _entry(key: FileKey | None, kind: str) -> Path | None:
     return root / key.directory / f"{kind}.v{FORMAT}"
 
 
-def _read(entry: Path) -> bytes | None:
+def _read(entry: Path) -> memoryview | None:
     try:
         with entry.open("rb") as file:
-            data = file.read(MAX_ENTRY_BYTES + 1)
+            # As much as the file holds: a read of MAX_ENTRY_BYTES allocates that much
+            # first (4 ms of a warm `qmpprof dump`, for its 5 MB of kallsyms).
+            size = os.fstat(file.fileno()).st_size
+            data = file.read(min(size, MAX_ENTRY_BYTES) + 1)
     except OSError:
         return None
     header = len(MAGIC) + hashlib.sha256().digest_size
     if len(data) > MAX_ENTRY_BYTES or not data.startswith(MAGIC) or len(data) < header:
         return None
-    digest, payload = data[len(MAGIC) : header], data[header:]
+    digest, payload = data[len(MAGIC) : header], memoryview(data)[header:]  # not copied
     return payload if hashlib.sha256(payload).digest() == digest else None
 
 

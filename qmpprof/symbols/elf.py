@@ -5,10 +5,14 @@ from __future__ import annotations
 import bisect
 import contextlib
 import gc
+import itertools
 import struct
-from collections.abc import Collection, Iterator
+import sys
+from array import array
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar, overload
 
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
@@ -16,6 +20,7 @@ from elftools.elf.sections import SymbolTableSection
 from qmpprof.symbols.derived import FileKey, derived, kind_for
 from qmpprof.symbols.elf_file import open_elf
 
+_T = TypeVar("_T")
 _STT_NOTYPE, _STT_OBJECT, _STT_FUNC = 0, 1, 2
 _CODE_TYPES = frozenset({_STT_NOTYPE, _STT_FUNC})
 _SHF_EXECINSTR = 0x4
@@ -35,6 +40,88 @@ class Symbol:
 #: A symbol table as plain data (the derived cache's): starts, names, sizes, the indexes
 #: of labels, and each label inside a sized function with that function's index.
 PlainTable = tuple[list[int], list[str], list[int], list[int], list[tuple[int, int]]]
+#: A numeric column packed for the derived cache: 64-bit words, or a list where a value
+#: does not fit.
+PackedColumn = bytes | list[int]
+#: A symbol table packed (`SymbolTable.packed`): its names run together and where each
+#: starts, its starts and sizes, then labels and enclosing functions as in PlainTable.
+#: Loading one makes a few objects instead of three per symbol.
+PackedTable = tuple[str, bytes, PackedColumn, PackedColumn, list[int], list[tuple[int, int]]]
+
+
+def pack(values: Iterable[int]) -> PackedColumn:
+    """`values` as 64-bit words, or a list when one is negative or wider."""
+    listed = list(values)
+    try:
+        return array("Q", listed).tobytes()
+    except OverflowError:
+        return listed
+
+
+def unpack(column: object) -> Sequence[int]:
+    """A `pack`ed column. Raises TypeError or ValueError for anything else."""
+    if isinstance(column, bytes):
+        return array("Q", column)
+    if isinstance(column, list) and all(isinstance(value, int) for value in column):
+        return column
+    raise TypeError("not a packed column")
+
+
+class PackedNames(Sequence[str]):
+    """Names run together in one string, each made a str only when asked for."""
+
+    def __init__(self, text: str, starts: Sequence[int]) -> None:
+        """Name i is text[starts[i]:starts[i + 1]]. Raises ValueError when `starts` does
+        not span `text`."""
+        if not starts or starts[0] != 0 or starts[-1] != len(text):
+            raise ValueError("names and where they start do not fit")
+        self._text, self._starts = text, starts
+
+    @classmethod
+    def of(cls, names: Iterable[str]) -> PackedNames:
+        listed = list(names)
+        return cls("".join(listed), array("Q", itertools.accumulate(map(len, listed), initial=0)))
+
+    def plain(self) -> tuple[str, bytes]:
+        return self._text, array("Q", self._starts).tobytes()
+
+    @classmethod
+    def from_plain(cls, text: object, starts: object) -> PackedNames:
+        """From `plain()`'s data; raises TypeError or ValueError for data of another shape."""
+        if not isinstance(text, str) or not isinstance(starts, bytes):
+            raise TypeError("packed names are a string and where each starts")
+        return cls(text, array("Q", starts))
+
+    def __len__(self) -> int:
+        return len(self._starts) - 1
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("name index out of range")
+        return self._text[self._starts[index] : self._starts[index + 1]]
+
+    def index(self, value: Any, start: int = 0, stop: int = sys.maxsize) -> int:
+        """The first index of `value`: found by searching the text (in C), not by making
+        each name a string to compare."""
+        if not isinstance(value, str) or not value or start or stop != sys.maxsize:
+            return super().index(value, start, stop)
+        at = self._text.find(value)
+        while at >= 0:
+            index = bisect.bisect_right(self._starts, at) - 1  # the names before are shorter
+            if self._starts[index] == at and self._starts[index + 1] == at + len(value):
+                return index
+            at = self._text.find(value, at + 1)
+        raise ValueError(f"{value!r} is not a name here")
 
 
 class SymbolTable:
@@ -66,7 +153,23 @@ class SymbolTable:
         table._set(name, plain)
         return table
 
-    def _set(self, name: str, columns: PlainTable) -> None:
+    @classmethod
+    def from_packed(cls, name: str, packed: PackedTable) -> SymbolTable:
+        """A table from `packed()`'s data; raises TypeError or ValueError for data of
+        another shape."""
+        text, name_starts, starts, sizes, labels, enclosing = packed
+        names = PackedNames.from_plain(text, name_starts)
+        table = cls.__new__(cls)
+        table._set(name, (unpack(starts), names, unpack(sizes), labels, enclosing))
+        return table
+
+    def _set(
+        self,
+        name: str,
+        columns: tuple[
+            Sequence[int], Sequence[str], Sequence[int], list[int], list[tuple[int, int]]
+        ],
+    ) -> None:
         starts, names, sizes, labels, enclosing = columns
         if not len(starts) == len(names) == len(sizes):
             raise ValueError("symbol columns of different lengths")
@@ -77,7 +180,15 @@ class SymbolTable:
 
     def plain(self) -> PlainTable:
         enclosing = list(self._enclosing.items())
-        return self._starts, self._names, self._sizes, sorted(self._labels), enclosing
+        columns = (_listed(self._starts), _listed(self._names), _listed(self._sizes))
+        return *columns, sorted(self._labels), enclosing
+
+    def packed(self) -> PackedTable:
+        """The table as `from_packed` takes it."""
+        names = self._names if isinstance(self._names, PackedNames) else PackedNames.of(self._names)
+        enclosing = list(self._enclosing.items())
+        packed = (pack(self._starts), pack(self._sizes), sorted(self._labels), enclosing)
+        return *names.plain(), *packed
 
     def __len__(self) -> int:
         return len(self._starts)
@@ -101,12 +212,19 @@ class SymbolTable:
 
     def find(self, name: str) -> Symbol | None:
         """The symbol called `name`, if any."""
-        index = next((i for i, found in enumerate(self._names) if found == name), None)
-        return None if index is None else self._symbol(index)
+        try:
+            index = self._names.index(name)  # the first: in C, not a generator's loop
+        except ValueError:
+            return None
+        return self._symbol(index)
 
     def _symbol(self, index: int) -> Symbol:
         address, size = self._starts[index], self._sizes[index]
         return Symbol(self._names[index], address, size, label=index in self._labels)
+
+
+def _listed(column: Sequence[_T]) -> list[_T]:
+    return column if isinstance(column, list) else list(column)
 
 
 def load_symbols(path: str | Path) -> SymbolTable:

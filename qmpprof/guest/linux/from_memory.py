@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 import functools
 import hashlib
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,11 +41,19 @@ from qmpprof.guest.linux.kallsyms import (
 )
 from qmpprof.guest.linux.kallsyms_search import find_tables
 from qmpprof.guest.linux.vmcoreinfo import IMAGE_AREA, PhysicalRead, VmcoreInfo
-from qmpprof.memory import WindowMemory
+from qmpprof.memory import MemoryReader, WindowMemory
 from qmpprof.model import KERNEL_HALF, MemoryWindow
 from qmpprof.modules import Module
 from qmpprof.symbols.derived import FileKey, derived
-from qmpprof.symbols.elf import PlainTable, Symbol, SymbolTable
+from qmpprof.symbols.elf import (
+    PackedColumn,
+    PackedNames,
+    PackedTable,
+    Symbol,
+    SymbolTable,
+    pack,
+    unpack,
+)
 from qmpprof.unwind.cfi import CfiTable
 from qmpprof.unwind.orc import ENTRY_SIZE, Layout, OrcTable
 from qmpprof.visible import visible
@@ -125,7 +133,7 @@ def read_guest_kernel(info: VmcoreInfo, read: PhysicalRead) -> GuestKernel:
     table, key = _kallsyms(info, image, stext)
     orc = _orc(image, table, table.extent[1])
     btf = _btf_bytes(image, table)
-    code, text = table.code, _text(image, table)
+    code, text = table.code, _text(image, table, lazily=orc is not None)
     module = Module(NAME, PATH, code, CfiTable([]), text, None, info.build_id, table.extent, orc)
     # Layouts are cached under what they come from: these kallsyms and this BTF.
     digest = hashlib.sha256(key.build_id + hashlib.sha256(btf or b"").digest()).digest()
@@ -167,22 +175,22 @@ def _checked_table(
     raw = read_tables(tables, image.read)
     slide = info.kernel_offset
     key = FileKey(raw.digest(slide), raw.count, 0)
-    table = derived(key, "guest-kallsyms", lambda: _Table.decode(raw, stext, slide), _plain, _table)
-    if table.kallsyms.find("_stext") != info.link_address(stext):
+    table = derived(key, _KIND, lambda: _Table.decode(raw, stext, slide), _plain, _table)
+    if table.names.find("_stext") != info.link_address(stext):
         raise BadGuestKernel("kallsyms' _stext is not VMCOREINFO's")
     uts = info.symbol("init_uts_ns")
-    if uts is not None and table.kallsyms.find("init_uts_ns") != info.link_address(uts):
+    if uts is not None and table.names.find("init_uts_ns") != info.link_address(uts):
         raise BadGuestKernel("kallsyms' init_uts_ns is not VMCOREINFO's")
     return table, key
 
 
 class _Table:
     """kallsyms at link addresses (per-CPU symbols, absolute and below the kernel half,
-    stay as they are; the rest move back by the slide), and its code symbols as a
-    SymbolTable, each reaching to the next symbol of any kind."""
+    stay as they are; the rest move back by the slide), looked up by name, and its code
+    symbols as a SymbolTable, each reaching to the next symbol of any kind."""
 
-    def __init__(self, kallsyms: Kallsyms, code: SymbolTable, extent: tuple[int, int]) -> None:
-        self.kallsyms, self.code, self.extent = kallsyms, code, extent
+    def __init__(self, names: _Names, code: SymbolTable, extent: tuple[int, int]) -> None:
+        self.names, self.code, self.extent = names, code, extent
 
     @classmethod
     def decode(cls, raw: KallsymsBytes, stext: int, slide: int) -> _Table:
@@ -190,21 +198,59 @@ class _Table:
         found = decode(raw, stext)
         linked = [a - slide if a >= KERNEL_HALF else a for a in found.addresses]
         kallsyms = Kallsyms(linked, found.types, found.names)
-        start, end = kallsyms.find("_stext"), kallsyms.find("_etext")
+        names = _Names.of(zip(kallsyms.names, kallsyms.addresses, strict=True))
+        start, end = names.find("_stext"), names.find("_etext")
         if start is None or end is None or not start < end <= start + IMAGE_AREA:
             raise BadGuestKernel("kallsyms has no _etext after _stext")
         # Boot code (start_kernel) is still on the boot CPU's idle stack: its ORC stays.
-        init = kallsyms.find("_einittext") or end
+        init = names.find("_einittext") or end
         end = init if end < init <= start + IMAGE_AREA else end
-        return cls(kallsyms, SymbolTable(NAME, _code_symbols(kallsyms, end)), (start, end))
+        return cls(names, SymbolTable(NAME, _code_symbols(kallsyms, end)), (start, end))
 
     def variables(self, names: Collection[str]) -> dict[str, int]:
         """The link address of each of `names` kallsyms has (the first of a name)."""
-        wanted, found = set(names), {}
-        for address, name in zip(self.kallsyms.addresses, self.kallsyms.names, strict=True):
-            if name in wanted and name not in found:
+        found = {}
+        for name in set(names):
+            address = self.names.find(name)
+            if address is not None:
                 found[name] = address
         return found
+
+
+class _Names:
+    """The first address of each name kallsyms has, found by a binary search of the
+    names in order (PackedNames: the derived cache loads a few objects, not 100,000)."""
+
+    def __init__(self, names: PackedNames, addresses: Sequence[int]) -> None:
+        """Name i, in order, is first at addresses[i]. Raises ValueError for columns of
+        different lengths."""
+        if len(names) != len(addresses):
+            raise ValueError("kallsyms' names and addresses do not fit")
+        self._names, self._addresses = names, addresses
+
+    @classmethod
+    def of(cls, symbols: Iterable[tuple[str, int]]) -> _Names:
+        """From (name, address) pairs, in kallsyms' order: the first of a name is kept."""
+        first: dict[str, int] = {}
+        for name, address in symbols:
+            first.setdefault(name, address)
+        ordered = sorted(first)
+        return cls(PackedNames.of(ordered), [first[name] for name in ordered])
+
+    def find(self, name: str) -> int | None:
+        """The address of the first symbol called `name`."""
+        index = bisect.bisect_left(self._names, name)
+        if index < len(self._names) and self._names[index] == name:
+            return self._addresses[index]
+        return None
+
+    def plain(self) -> tuple[str, bytes, PackedColumn]:
+        return (*self._names.plain(), pack(self._addresses))
+
+    @classmethod
+    def from_plain(cls, text: object, starts: object, addresses: object) -> _Names:
+        """Raises ValueError or TypeError for data of another shape."""
+        return cls(PackedNames.from_plain(text, starts), unpack(addresses))
 
 
 def _code_symbols(kallsyms: Kallsyms, end: int) -> list[Symbol]:
@@ -220,26 +266,33 @@ def _code_symbols(kallsyms: Kallsyms, end: int) -> list[Symbol]:
     return symbols
 
 
-_PlainTable = tuple[list[int], str, list[str], PlainTable, tuple[int, int]]
+#: The derived cache's kind for a _Table: not the earlier "guest-kallsyms" (every name
+#: and address a list item), so an older qmpprof sharing the cache keeps its own entry.
+_KIND = "guest-kallsyms-2"
+_PlainTable = tuple[str, bytes, PackedColumn, PackedTable, tuple[int, int]]
 
 
 def _plain(table: _Table) -> _PlainTable:
-    k = table.kallsyms
-    return k.addresses, k.types, k.names, table.code.plain(), table.extent
+    return (*table.names.plain(), table.code.packed(), table.extent)
 
 
 def _table(plain: _PlainTable) -> _Table:
-    addresses, types, names, code, (start, end) = plain
-    if not len(addresses) == len(types) == len(names):
-        raise ValueError("kallsyms columns of different lengths")
-    kallsyms = Kallsyms(list(addresses), str(types), list(names))
-    return _Table(kallsyms, SymbolTable.from_plain(NAME, code), (int(start), int(end)))
+    text, starts, addresses, code, (start, end) = plain
+    names = _Names.from_plain(text, starts, addresses)
+    return _Table(names, SymbolTable.from_packed(NAME, code), (int(start), int(end)))
 
 
-def _text(image: KernelImage, table: _Table) -> WindowMemory:
+def _text(image: KernelImage, table: _Table, lazily: bool) -> MemoryReader:
     """The kernel's text as it runs (alternatives applied), for the unwinder's checks of a
-    return address; its boot code is freed, so not read."""
+    return address; its boot code is freed, so not read. `lazily`: read on the first
+    read of it (_LazyText)."""
     span = _span(table, "_stext", "_etext")
+    if lazily and span is not None:
+        return _LazyText(image, span)
+    return _text_now(image, span)
+
+
+def _text_now(image: KernelImage, span: tuple[int, int] | None) -> WindowMemory:
     try:
         data = image.read_linked(*span) if span is not None else b""
     except (MemoryFault, BadGuestKernel):
@@ -247,8 +300,38 @@ def _text(image: KernelImage, table: _Table) -> WindowMemory:
     return WindowMemory([MemoryWindow(span[0], data)] if span and data else [])
 
 
+class _LazyText:
+    """The kernel's text, read whole (as _text_now reads it) when first read inside it.
+
+    With ORC, only a frame-pointer step or a call check of a kernel frame reads it (the
+    return-site check of a frame with ORC does not: address_space.ReturnSites), while the
+    sample is unwound: most runs never do, and it is 15 MB of guest memory, a tenth of a
+    warm `qmpprof dump`. Without ORC it is read at once, as symbolize's return-site
+    checks may read it once the guest's memory is closed."""
+
+    def __init__(self, image: KernelImage, span: tuple[int, int]) -> None:
+        self._image, self._span = image, span
+        self._base, self._end = span[0], span[0] + span[1]
+        self._memory: WindowMemory | None = None
+
+    def _read(self) -> WindowMemory:
+        if self._memory is None:
+            self._memory = _text_now(self._image, self._span)
+        return self._memory
+
+    def read(self, address: int, size: int) -> bytes:
+        if address - self._base >= 0 and address + size <= self._end:
+            return self._read().read(address, size)
+        raise MemoryFault(address, size)  # outside the text: as WindowMemory says
+
+    def read_u64(self, address: int) -> int:
+        if address - self._base >= 0 and address + 8 <= self._end:
+            return self._read().read_u64(address)
+        raise MemoryFault(address, 8)
+
+
 def _span(table: _Table, first: str, last: str) -> tuple[int, int] | None:
-    start, stop = table.kallsyms.find(first), table.kallsyms.find(last)
+    start, stop = table.names.find(first), table.names.find(last)
     if start is None or stop is None or not 0 <= stop - start <= MAX_TABLE:
         return None
     return start, stop - start
@@ -265,7 +348,7 @@ def _orc(image: KernelImage, table: _Table, end: int) -> OrcTable | None:
         offsets, data = image.read_linked(*ips), image.read_linked(*entries)
     except (MemoryFault, BadGuestKernel):
         return None
-    layout = Layout.FROM_6_4 if table.kallsyms.find("__start_orc_header") else Layout.BEFORE_6_4
+    layout = Layout.FROM_6_4 if table.names.find("__start_orc_header") else Layout.BEFORE_6_4
     return OrcTable(offsets, ips[0], data, layout, end)
 
 
