@@ -39,6 +39,7 @@ bench: deps guest $(BENCH_STAMP)  ## benchmarks, TCG by default (ACCEL=kvm where
 	$(BIN)/python bench/sample_cost.py --accel $(ACCEL)
 	for abi in $$(bash examples/linux/fetch.sh --list); do $(BIN)/python bench/linux_sample_cost.py --abi $$abi || exit 1; done
 	$(BIN)/python bench/linux_rates.py
+	$(BIN)/python bench/linux_perturbation.py
 	$(BIN)/python bench/perturbation.py --accel $(ACCEL)
 	$(BIN)/python bench/max_rate.py --accel $(ACCEL)
 	$(BIN)/python bench/smp.py --accel $(ACCEL)

@@ -251,6 +251,14 @@ class Analyzer:
         registers = dwarf_registers(regs)
         return unwind(registers, memory, space, self.strategy, space.code, self.max_depth)
 
+    def is_torn(self, captured: CapturedSample) -> bool:
+        """Whether a return address on `captured`'s stack follows no call in the code
+        mapped there: the `Sample.torn` that `symbolize` sets, known before it (a
+        nonblocking capture takes such a sample again). A stack read while the guest
+        ran, half before and half after a call or return, or garbage. Never for a Linux
+        kernel's frames (ReturnSites: its code is rewritten at boot)."""
+        return _torn(self._space_and_symbolizer(captured.raw)[0], captured.stack)
+
     def analyze(self, raw: RawSample) -> Sample:
         """Examine and symbolize `raw` with the memory it has (no more can be read)."""
         return self.symbolize(self.examine(raw).sample)
@@ -271,10 +279,7 @@ class Analyzer:
             process=captured.process,
             fault_address=stack.fault_address,
             unsymbolized=self._why_unsymbolized(raw, mode, frames[0]),
-            torn=any(
-                f.kind is FrameKind.RETURN and space.return_sites.check(f.address) is False
-                for f in stack.frames
-            ),
+            torn=_torn(space, stack),
         )
 
     def _why_unsymbolized(self, raw: RawSample, mode: Mode, leaf: Frame) -> Unsymbolized | None:
@@ -296,3 +301,11 @@ class Analyzer:
         if self.files.module_for(leaf.mapping) is None:
             return Unsymbolized(NoUserSymbols.NO_HOST_FILE, leaf.module)
         return Unsymbolized(NoUserSymbols.OUTSIDE, leaf.module)
+
+
+def _torn(space: AddressSpace, stack: UnwoundStack) -> bool:
+    """Whether a return address on `stack` follows no call in the code `space` maps."""
+    return any(
+        f.kind is FrameKind.RETURN and space.return_sites.check(f.address) is False
+        for f in stack.frames
+    )

@@ -23,6 +23,10 @@ class Mode(Enum):
 class FrameKind(Enum):
     """How a frame's address was obtained, which decides how to symbolize it."""
 
+    #: Members are singletons: hashed by identity in C (Enum's own hash is Python code,
+    #: and every frame of every sample is hashed when it is symbolized).
+    __hash__ = object.__hash__
+
     #: The exact address of the next instruction to run (the sampled RIP).
     INSTRUCTION = "instruction"
     #: A return address: the call that made this frame is the instruction before it.
@@ -31,6 +35,10 @@ class FrameKind(Enum):
 
 class Recovery(Enum):
     """How the unwinder found a frame."""
+
+    #: Members are singletons: hashed by identity in C (Enum's own hash is Python code,
+    #: and every frame of every sample is hashed when it is symbolized).
+    __hash__ = object.__hash__
 
     #: The leaf: straight from the vCPU's registers.
     REGISTERS = "registers"
@@ -398,6 +406,14 @@ class RecordStats:
     skipped_paused: int = 0
     #: Ticks abandoned, the VM resumed, because they outlived their time budget.
     abandoned: int = 0
+    #: Nonblocking: vCPU samples that tore while read (a return address after no call, or
+    #: a task switched under it: record/sampler.py) and were taken again (each counted
+    #: once, however many retakes it took).
+    retaken: int = 0
+    #: Nonblocking: the register reads those retakes cost (`info registers -a` each).
+    retakes: int = 0
+    #: Nonblocking: samples published torn all the same, still torn after every retake.
+    still_torn: int = 0
     paused_s: float = 0.0
     elapsed_s: float = 0.0
     ended_by: Ending | None = None

@@ -33,6 +33,9 @@ def render_summary(
     the QEMU process's time went (`host`, `record --host`), `notes` (problems worth
     knowing, one line each) and the `limit` heaviest stacks with percentages."""
     console.print(Text(_counts_line(stats)), soft_wrap=True)
+    retakes = retakes_line(stats)
+    if retakes is not None:
+        console.print(Text(retakes), soft_wrap=True)
     for line in (kernel, host):
         if line is not None:
             console.print(Text(visible(line)), soft_wrap=True)
@@ -97,6 +100,20 @@ def _counts_line(stats: RecordStats) -> str:
     if stats.abandoned:
         line += f"; {stats.abandoned} ticks abandoned over their time budget (VM resumed)"
     return line
+
+
+def retakes_line(stats: RecordStats) -> str | None:
+    """What --nonblocking did about torn stacks: how many samples were taken again, at
+    what cost, and how many stayed torn; None when no stack tore."""
+    if not stats.retaken and not stats.still_torn:
+        return None
+    share = 100 * stats.retaken / stats.samples if stats.samples else 0.0
+    reads = "register read" if stats.retakes == 1 else "register reads"
+    return (
+        f"torn stacks retaken: {stats.retaken} vCPU samples ({share:.1f}%) tore while read "
+        f"and were taken again, in {stats.retakes} more {reads} (the VM running); "
+        f"{stats.still_torn} still torn after the retakes"
+    )
 
 
 def _modes_line(profile: Profile) -> str:

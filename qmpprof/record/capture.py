@@ -104,6 +104,11 @@ class Capturer:
         #: Per vCPU, the addresses its recent samples had to fetch (see _complete).
         self._needed: dict[int, list[int]] = {}
 
+    @property
+    def analyzer(self) -> Analyzer:
+        """What examines the samples (the nonblocking sampler asks it whether one tore)."""
+        return self._analyzer
+
     async def capture(
         self, first: str | None = None, then: str | None = None
     ) -> list[CapturedSample]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from qmpprof.errors import MonitorStuck, ResumeFailed, TargetGone, TickOverrun
-from qmpprof.model import CapturedSample, Ending, EndReason, RecordStats
+from qmpprof.model import CapturedSample, Ending, EndReason, RawSample, RecordStats
 from qmpprof.record.capture import Capturer, Taken
 from qmpprof.record.schedule import Schedule
 from qmpprof.target.pause import PauseHold
@@ -27,6 +27,14 @@ PRIME_LEAD_S = 0.0005
 #: (the VM resumed): a monitor that slow would otherwise hold the VM paused for it.
 TICK_BUDGET_S = 1.0
 TICK_BUDGET_PERIODS = 4
+#: Nonblocking: a vCPU sample that tore while it was read (a return address that follows
+#: no call, Analyzer.is_torn, or a task switched under it, switched_task) is taken again
+#: at once, at most this many times; each retake is one more `info registers -a` round
+#: trip, the VM running all along. A retake tears more often than a first take (about
+#: 0.3 against 0.15-0.2 of samples on the busy Linux guest, a loaded host): after two,
+#: about 1 % of samples stayed torn there, after three 0.2-0.3 %, for 0.01-0.02 more
+#: register reads a tick (bench/linux_perturbation.py).
+MAX_RETAKES = 3
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,8 @@ class LoopConfig:
     jitter: float = 0.1
     #: Sample without pausing the VM (registers and memory read while it runs).
     nonblocking: bool = False
+    #: Nonblocking: how often a torn sample is taken again (0: published as it is).
+    retakes: int = MAX_RETAKES
 
 
 SampleSink = Callable[[list[CapturedSample]], None]
@@ -96,7 +106,7 @@ async def _one_tick(
     budget_s = tick_budget(config.period_s)
     try:
         if config.nonblocking:
-            samples = await running_capture(session, capturer, stats, budget_s)
+            samples = await running_capture(session, capturer, stats, budget_s, config.retakes)
         else:
             samples = await paused_capture(session, capturer, stats, budget_s)
     except TargetGone:
@@ -181,18 +191,103 @@ async def running_capture(
     capturer: Capturer,
     stats: RecordStats,
     budget_s: float | None = TICK_BUDGET_S,
+    retakes: int = MAX_RETAKES,
 ) -> list[CapturedSample] | None:
     """The tick's samples taken while the VM runs; None when it is paused (by anyone).
-    Raises TickOverrun after `budget_s`."""
+    A vCPU whose stack tore is taken again, up to `retakes` times (`retake_torn`).
+    Raises TickOverrun after `budget_s` (retakes included)."""
     if not await session.is_running():
         stats.skipped_paused += 1
         return None
     if budget_s is not None:
         session.deadline = asyncio.get_running_loop().time() + budget_s
     try:
-        return await capturer.capture()
+        take = _running_take(capturer)
+        samples = await take(None)
+        return await retake_torn(samples, take, _torn_check(capturer), stats, retakes)
     finally:
         session.deadline = None
+
+
+#: Takes every vCPU's registers and memory, unwinding those in the collection (all: None).
+Take = Callable[[Collection[int] | None], Awaitable[Sequence[CapturedSample]]]
+
+
+async def retake_torn(
+    samples: Sequence[CapturedSample],
+    take: Take,
+    torn: Callable[[CapturedSample], bool],
+    stats: RecordStats,
+    retakes: int = MAX_RETAKES,
+) -> list[CapturedSample]:
+    """`samples` (one tick, one per vCPU, taken while the VM ran) with each vCPU whose
+    stack is `torn` taken again by `take`, up to `retakes` times, until it is not.
+
+    A torn stack was read half before and half after a call or return; dropping it
+    would leave call-heavy code under-counted, so the vCPU's next state is published
+    in its place. `take` reads every vCPU (one `info registers -a` round trip, then the
+    stacks) and is asked to unwind the torn ones only. Counts in `stats`: `retaken`
+    (samples taken again), `retakes` (the extra takes), `still_torn` (published torn
+    after the last retake, or with `retakes` 0)."""
+    published = list(samples)
+    pending = {i for i, sample in enumerate(published) if torn(sample)}
+    if pending and retakes > 0:
+        stats.retaken += len(pending)
+    for _ in range(retakes):
+        if not pending:
+            break
+        stats.retakes += 1
+        wanted = {published[i].raw.vcpu for i in pending}
+        again = {sample.raw.vcpu: sample for sample in await take(wanted)}
+        for i in sorted(pending):
+            sample = again.get(published[i].raw.vcpu)
+            if sample is None:
+                continue  # not in this take: keep the torn one, try again
+            published[i] = sample
+            if not torn(sample):
+                pending.discard(i)
+    stats.still_torn += len(pending)
+    return published
+
+
+def _running_take(capturer: Capturer) -> Take:
+    """One nonblocking take of every vCPU: where guest RAM is read on this host, each
+    vCPU's stack and task memory are copied right after the registers and unwound after
+    (Capturer.take, as in stop mode), so the last vCPU's memory is not read only after
+    the first ones are unwound: less time for the guest to move on, fewer tears (about a
+    fifth fewer task switches under a sample on the busy Linux guest), and a retake
+    unwinds only the vCPUs it is for. Elsewhere, and with --unwind-paused, each vCPU is
+    unwound as it is read (Capturer.capture)."""
+
+    async def take(vcpus: Collection[int] | None) -> list[CapturedSample]:
+        taken = await capturer.take()
+        if vcpus is not None:
+            taken = [item for item in taken if _vcpu_of(item) in vcpus]
+        return await capturer.finish(taken)
+
+    return take
+
+
+def _vcpu_of(item: CapturedSample | RawSample) -> int:
+    return item.vcpu if isinstance(item, RawSample) else item.raw.vcpu
+
+
+def switched_task(sample: CapturedSample) -> bool:
+    """Whether the task read from memory is not the one whose page tables the registers
+    hold: its process's file mappings came back empty because its mm's pgd is not CR3
+    (ProcessMaps.maps_for). A paused vCPU shows that only inside a context switch; read
+    while it runs, it mostly means the vCPU switched tasks between the register read and
+    the memory read, and the sample would put one task's registers under another's name.
+    Never where no maps are read (not Linux, or no direct-map base known)."""
+    process = sample.process
+    return sample.raw.file_maps == () and process is not None and process.pid is not None
+
+
+def _torn_check(capturer: Capturer) -> Callable[[CapturedSample], bool]:
+    """A nonblocking sample that tore while it was read: a return address that follows
+    no call (the check symbolization makes, Sample.torn) or a task switched under it."""
+    is_torn = capturer.analyzer.is_torn
+    return lambda sample: switched_task(sample) or is_torn(sample)
 
 
 def _prime_tick(session: QmpSession, capturer: Capturer, config: LoopConfig) -> None:

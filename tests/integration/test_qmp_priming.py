@@ -4,7 +4,8 @@ another command comes first, and is forgotten when the connection closes. A comm
 sent with another (`hmp(..., first=...)`) runs just before it. The sampler primes
 `stop` before each stop-mode tick and sends it with the register request, primes `cont`
 while a paused VM's memory is read directly, and primes `info registers -a` in
-nonblocking mode; none may leave a reply out of step or the VM paused.
+nonblocking mode; none may leave a reply out of step or the VM paused. A nonblocking
+sample whose stack tore is taken again, with the VM running all along.
 """
 
 from __future__ import annotations
@@ -14,17 +15,21 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from qmpprof.analysis import Analyzer
+from qmpprof.console.summary import render_summary
 from qmpprof.errors import CommandFailed
 from qmpprof.model import CapturedSample
 from qmpprof.modules import load_module
+from qmpprof.profile import Profile
 from qmpprof.record.capture import REGISTERS, CaptureConfig, Capturer
-from qmpprof.record.sampler import LoopConfig, sample_loop
+from qmpprof.record.sampler import MAX_RETAKES, LoopConfig, sample_loop
 from qmpprof.target.memory import open_memory
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.registers import parse_all
 from tests.integration.conftest import Guest, running_guest, scratch_ram_file
+from tests.seeds import seeded
 
 
 @pytest.fixture
@@ -125,6 +130,52 @@ async def test_sampling_with_primed_commands_leaves_the_vm_running_and_replies_i
         assert all(len(analyzer.symbolize(one).frames) > 1 for one in taken)
         assert (await session.execute("query-status"))["status"] == "running"
         assert parse_all(await session.hmp(REGISTERS))
+    finally:
+        await memory.close()
+        await session.close()
+
+
+#: The share of samples the test below calls torn besides those that are.
+FORCED_TORN = 0.3
+
+
+async def test_nonblocking_takes_torn_samples_again_with_the_vm_running(
+    guest_with_ram_file: tuple[Guest, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Torn stacks are rare and come when they will, so the torn check is told, besides
+    the stacks that are torn, that the first sample and a seeded share of the others
+    are: each retake is a real register read of the running VM, its sample the one
+    published, and every published stack that is torn is counted as still torn."""
+    guest, ram = guest_with_ram_file
+    session = await QmpSession.connect(guest.qmp)
+    memory = await open_memory(session, "direct", ram)
+    try:
+        analyzer = Analyzer(load_module(guest.kernel))
+        capturer = Capturer(session, memory, analyzer, CaptureConfig())
+        really_torn, draws = analyzer.is_torn, seeded("forced torn")
+        judged: list[CapturedSample] = []
+
+        def told_torn(sample: CapturedSample) -> bool:
+            judged.append(sample)
+            return really_torn(sample) or len(judged) == 1 or draws.random() < FORCED_TORN
+
+        monkeypatch.setattr(analyzer, "is_torn", told_torn)
+        published: list[CapturedSample] = []
+        run_events = session.run_event_count
+        config = LoopConfig(1 / 200, 0.5, nonblocking=True)
+        stats = await sample_loop(session, capturer, config, asyncio.Event(), published.extend)
+        assert stats.failed == 0, stats.last_error
+        assert session.run_event_count == run_events  # no STOP, no RESUME: never paused
+        assert published[0].raw.time > judged[0].raw.time  # the retake's sample
+        assert 1 <= stats.retaken <= stats.retakes <= MAX_RETAKES * stats.retaken
+        assert stats.still_torn <= stats.retaken
+        assert sum(analyzer.symbolize(s).torn for s in published) <= stats.still_torn
+        console = Console(record=True, width=300)
+        render_summary(Profile(), stats, console)
+        summary = console.export_text()
+        assert f"torn stacks retaken: {stats.retaken} vCPU samples" in summary
+        assert f"in {stats.retakes} more register read" in summary
+        assert (await session.execute("query-status"))["status"] == "running"
     finally:
         await memory.close()
         await session.close()
