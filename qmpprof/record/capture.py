@@ -101,6 +101,8 @@ class Capturer:
         self._analyzer = analyzer
         self._config = config
         self._identifier = AddressSpaceIdentifier(memory, {} if maps else analyzer.users)
+        if isinstance(analyzer.adapter, LinuxAdapter):
+            analyzer.adapter.new_connection()  # a capturer a connection: maybe a new boot
         #: Per vCPU, the addresses its recent samples had to fetch (see _complete).
         self._needed: dict[int, list[int]] = {}
 

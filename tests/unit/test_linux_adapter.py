@@ -171,3 +171,18 @@ def recording_fetch(windows: list[MemoryWindow], fetched: list[int]) -> WindowFe
         return next((w for w in windows if w.base <= address < w.end), None)
 
     return fetch
+
+
+def test_a_new_connection_reads_the_boot_constants_again() -> None:
+    """The guest may have booted again between two connections (other per-CPU areas)."""
+    areas = NM["__per_cpu_offset"] + SLIDE
+    linux, regs = adapter(), REGISTERS[0]
+    everything = [window(w) for w in DATA["vcpus"][regs.vcpu]["windows"]]
+    area = WindowMemory(everything).read_u64(areas + 8 * regs.vcpu)
+    kernel = replace(regs, cpl=0, gs_base=area)
+    for sample in (kernel, replace(kernel)):
+        linux.process(sample, FetchingMemory([], recording_fetch(everything, []), 16))
+    linux.new_connection()
+    fetched: list[int] = []
+    linux.process(replace(kernel), FetchingMemory([], recording_fetch(everything, fetched), 16))
+    assert areas + 8 * regs.vcpu in fetched

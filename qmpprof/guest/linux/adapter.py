@@ -156,6 +156,12 @@ class LinuxAdapter:
     def relocate(self, bias: int) -> None:
         self.bias = bias
 
+    def new_connection(self) -> None:
+        """Forget what was read of the guest: it may have booted again since."""
+        self._per_cpu_values.clear()
+        self._processes.clear()
+        self._constants = BootConstants()
+
     def process(self, registers: RegisterSet, memory: MemoryReader) -> Process | None:
         """The task on this vCPU; None when the kernel gave no way to tell. Raises
         MemoryFault for memory it needs."""
