@@ -128,9 +128,12 @@ class Capturer:
         samples = [await self._one(regs, now) for regs in await self._registers(first, then)]
         return await self.finish(samples)
 
-    async def take(self, first: str | None = None, then: str | None = None) -> Taken:
+    async def take(
+        self, first: str | None = None, then: str | None = None, only: Collection[int] = ()
+    ) -> Taken:
         """The part of `capture` that needs the VM paused, for a caller that resumes it
-        before `finish` does the rest.
+        before `finish` does the rest; `only`: these vCPUs of those selected (a
+        nonblocking retake of the torn ones), else all of them.
 
         Where guest RAM is read on this host (unless `unwind_paused`), that is a copy of
         the memory the unwind will read, as perf copies a stack: the stack from RSP up
@@ -141,7 +144,8 @@ class Capturer:
         copying = isinstance(self._memory, DirectMemory) and not self._config.unwind_paused
         each = self._copied if copying else self._one
         now = time.time()
-        return [await each(regs, now) for regs in await self._registers(first, then)]
+        registers = await self._registers(first, then)
+        return [await each(regs, now) for regs in registers if not only or regs.vcpu in only]
 
     async def finish(self, taken: Taken) -> list[CapturedSample]:
         """The samples of a tick `take` began: copies examined (the VM may run again)."""

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from qmpprof.errors import MonitorStuck, ResumeFailed, TargetGone, TickOverrun
-from qmpprof.model import CapturedSample, Ending, EndReason, RawSample, RecordStats
+from qmpprof.model import CapturedSample, Ending, EndReason, RecordStats
 from qmpprof.record.capture import Capturer, Taken
 from qmpprof.record.schedule import Schedule
 from qmpprof.target.pause import PauseHold
@@ -209,7 +209,7 @@ async def running_capture(
         session.deadline = None
 
 
-#: Takes every vCPU's registers and memory, unwinding those in the collection (all: None).
+#: Takes every vCPU's registers, and copies and unwinds those in the collection (all: None).
 Take = Callable[[Collection[int] | None], Awaitable[Sequence[CapturedSample]]]
 
 
@@ -225,8 +225,8 @@ async def retake_torn(
 
     A torn stack was read half before and half after a call or return; dropping it
     would leave call-heavy code under-counted, so the vCPU's next state is published
-    in its place. `take` reads every vCPU (one `info registers -a` round trip, then the
-    stacks) and is asked to unwind the torn ones only. Counts in `stats`: `retaken`
+    in its place. `take` reads every vCPU's registers (one `info registers -a` round
+    trip) and is asked to copy and unwind the torn ones only. Counts in `stats`: `retaken`
     (samples taken again), `retakes` (the extra takes), `still_torn` (published torn
     after the last retake, or with `retakes` 0)."""
     published = list(samples)
@@ -256,20 +256,14 @@ def _running_take(capturer: Capturer) -> Take:
     (Capturer.take, as in stop mode), so the last vCPU's memory is not read only after
     the first ones are unwound: less time for the guest to move on, fewer tears (about a
     fifth fewer task switches under a sample on the busy Linux guest), and a retake
-    unwinds only the vCPUs it is for. Elsewhere, and with --unwind-paused, each vCPU is
+    copies and unwinds only the vCPUs it is for. Elsewhere, and with --unwind-paused, each vCPU is
     unwound as it is read (Capturer.capture)."""
 
     async def take(vcpus: Collection[int] | None) -> list[CapturedSample]:
-        taken = await capturer.take()
-        if vcpus is not None:
-            taken = [item for item in taken if _vcpu_of(item) in vcpus]
+        taken = await capturer.take(only=vcpus or ())
         return await capturer.finish(taken)
 
     return take
-
-
-def _vcpu_of(item: CapturedSample | RawSample) -> int:
-    return item.vcpu if isinstance(item, RawSample) else item.raw.vcpu
 
 
 def switched_task(sample: CapturedSample) -> bool:
