@@ -70,7 +70,9 @@ def test_nonblocking_retakes_what_tore_and_counts_what_stayed_torn(
     assert stats.ticks > 1 and len(published) == stats.samples
     first = next(s for s in published if s.raw.vcpu == judged[0].raw.vcpu)
     assert first.raw.time > judged[0].raw.time, "the first sample was not taken again"
-    assert 1 <= stats.retaken <= stats.retakes <= MAX_RETAKES * stats.retaken
+    # One retake takes again every vCPU that tore in its tick: two torn in one tick
+    # cost one register read, so samples retaken may outnumber the retakes.
+    assert stats.retaken >= 1 and 1 <= stats.retakes <= MAX_RETAKES * stats.retaken
     assert len(torn) <= stats.still_torn <= stats.retaken
     kernel = [s for s in published if s.raw.registers.cpl == 0]
     assert kernel and len(kernel) < len(published), "no kernel or no user samples"

@@ -167,7 +167,9 @@ async def test_nonblocking_takes_torn_samples_again_with_the_vm_running(
         assert stats.failed == 0, stats.last_error
         assert session.run_event_count == run_events  # no STOP, no RESUME: never paused
         assert published[0].raw.time > judged[0].raw.time  # the retake's sample
-        assert 1 <= stats.retaken <= stats.retakes <= MAX_RETAKES * stats.retaken
+        # One retake takes again every vCPU that tore in its tick: two torn in one tick
+        # cost one register read, so samples retaken may outnumber the retakes.
+        assert stats.retaken >= 1 and 1 <= stats.retakes <= MAX_RETAKES * stats.retaken
         assert stats.still_torn <= stats.retaken
         assert sum(analyzer.symbolize(s).torn for s in published) <= stats.still_torn
         console = Console(record=True, width=300)
