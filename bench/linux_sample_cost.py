@@ -63,8 +63,6 @@ from tests.linux_vm import ROOT, running_linux
 BUILD = ROOT / "examples" / "linux" / "build"
 #: The workloads init starts, each its own program named after its comm.
 WORKLOADS = tuple(BUILD / name for name in ("crunch", "crunchnofp", "sysloop", "pinned", "sleeper"))
-#: The vCPUs boot.sh gives the guest (every tick samples each).
-VCPUS = 2
 #: The samples each stop tick captured, and what analysis made of them.
 Kept = list[tuple[CapturedSample, Sample]]
 
@@ -213,9 +211,10 @@ def main() -> None:
     args = parser.parse_args()
     times, round_ratios, kept, abi = measure(args)
     ms = {name: round(median(values) * 1000, 3) for name, values in times.items()}
-    ms["cpu_per_vcpu_sample"] = round(ms["stop_cpu"] / VCPUS, 3)
-    ratio = round(ms["stop"] / ms["floor"], 2)
     figures = sample_figures(kept)
+    vcpus = figures["samples"] / (args.rounds * args.samples)  # every stop tick, each vCPU
+    ms["cpu_per_vcpu_sample"] = round(ms["stop_cpu"] / vcpus, 3) if vcpus else float("nan")
+    ratio = round(ms["stop"] / ms["floor"], 2)
     paused_ratio = round(ms["paused_stop"] / ms["floor"], 2)
     pause_ratio = round(ms["stop_pause"] / ms["floor_pause"], 2)
     print(
@@ -240,7 +239,7 @@ def main() -> None:
         f"our CPU per tick: floor {ms['floor_cpu']:.3f} ms, stop {ms['stop_cpu']:.3f} ms, "
         f"--unwind-paused {ms['paused_stop_cpu']:.3f} ms; connecting {ms['connect_cpu']:.1f} ms"
     )
-    print(f"our CPU per vCPU sample: {ms['cpu_per_vcpu_sample']:.3f} ms ({VCPUS} vCPUs)")
+    print(f"our CPU per vCPU sample: {ms['cpu_per_vcpu_sample']:.3f} ms ({vcpus:g} vCPUs)")
     print(
         f"{figures['windows_per_sample']} memory windows per sample (max "
         f"{figures['windows_max']}); {figures['kernel_into_user']} of "

@@ -133,7 +133,7 @@ class AddressSpace:
         self.code = ModuleCode(self)
         self.return_sites = ReturnSites(self)
         #: Rows by guest address: asked for every frame of every sample, and a
-        #: profile's PCs repeat.
+        #: profile's PCs repeat (a kernel's ORC search is some twenty Python probes).
         self._rows: dict[int, UnwindRow | None] = {}
 
     def mapping_at(self, address: int) -> Mapping | None:

@@ -169,9 +169,6 @@ class OrcTable:
         self.layout = layout
         self._end = end
         self._rows: dict[int, r.UnwindRow | None] = {}
-        #: Rows by address looked up: a profile's PCs repeat, and the search takes about
-        #: twenty probes of the table, each a Python call.
-        self._by_address: dict[int, r.UnwindRow | None] = {}
 
     def __len__(self) -> int:
         return len(self._relative)
@@ -181,14 +178,6 @@ class OrcTable:
 
     def row_for(self, address: int) -> r.UnwindRow | None:
         """The row for `address`, or None where ORC does not describe it."""
-        row = self._by_address.get(address, False)
-        if row is False:
-            if len(self._by_address) >= CACHE_LIMIT:
-                self._by_address.clear()
-            row = self._by_address[address] = self._search(address)
-        return row  # type: ignore[return-value]
-
-    def _search(self, address: int) -> r.UnwindRow | None:
         if address >= self._end:
             return None
         index = bisect.bisect_right(range(len(self)), address, key=self._ip) - 1
