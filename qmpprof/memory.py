@@ -22,6 +22,15 @@ class MemoryReader(Protocol):
         ...
 
 
+def read_word(memory: MemoryReader, address: int, size: int) -> int:
+    """One little-endian word of `size` bytes: 8 (x86-64's) through `read_u64`; 4 (i386's)
+    through `read`, at `address` modulo 2**32 (32-bit code's addresses wrap around).
+    Raises MemoryFault."""
+    if size == 8:
+        return memory.read_u64(address)
+    return int.from_bytes(memory.read(address & 0xFFFF_FFFF, size), "little")
+
+
 class WindowMemory:
     """A MemoryReader over captured windows of guest memory; anything else faults."""
 

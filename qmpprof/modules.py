@@ -20,7 +20,7 @@ from qmpprof.symbols.elf import PlainTable, Symbol, SymbolTable, read_code_symbo
 from qmpprof.symbols.elf_file import open_elf
 from qmpprof.symbols.image import code_sections
 from qmpprof.symbols.plt import plt_symbols
-from qmpprof.unwind.cfi import CfiTable, load_cfi
+from qmpprof.unwind.cfi import CfiTable, elf_word, load_cfi
 from qmpprof.unwind.orc import OrcTable, read_orc
 
 
@@ -70,6 +70,9 @@ class Module:
     debug_path: Path | None = None
     #: Read from a guest process's memory (no host file): its path names none.
     from_guest: bool = False
+    #: The word of its code, from its ELF class: 8 (x86-64), 4 (i386: ELF32 EM_386).
+    #: Its frame-pointer steps read slots this wide (its CFI rows carry their own).
+    word: int = 8
 
     def bias_in(self, mapping: FileMapping) -> int | None:
         """The load bias (guest = file address + bias) that puts this file's byte at
@@ -104,10 +107,22 @@ def load_module(
         extent = _extent(sections)
         orc = read_orc(elf, extent[1])
         loads = load_segments(elf)
+        word = elf_word(elf)
     cfi = load_cfi(path, key)
     code = WindowMemory(sections)
     return Module(
-        name or path.name, path, table, cfi, code, text, build_id, extent, orc, loads, debug
+        name or path.name,
+        path,
+        table,
+        cfi,
+        code,
+        text,
+        build_id,
+        extent,
+        orc,
+        loads,
+        debug,
+        word=word,
     )
 
 
@@ -165,12 +180,14 @@ def unread_module(loaded: KernelModule) -> Module:
     return Module(loaded.name, Path(label), symbols, CfiTable([]), empty, None, None, (0, 0))
 
 
-def unread_file(mapping: FileMapping) -> Module:
+def unread_file(mapping: FileMapping, word: int = 8) -> Module:
     """A guest file with no host copy: named by its file name, with no symbols, CFI or
-    code (its frames read `NAME+offset`, and unwind by frame pointers)."""
+    code (its frames read `NAME+offset`, and unwind by frame pointers, `word` bytes a
+    slot: 4 in a 32-bit process)."""
     name = file_name(mapping)
     empty = WindowMemory(())
-    return Module(name, Path(mapping.path), SymbolTable(name, []), CfiTable([]), empty, None)
+    table = SymbolTable(name, [])
+    return Module(name, Path(mapping.path), table, CfiTable([]), empty, None, word=word)
 
 
 def file_name(mapping: FileMapping) -> str:
@@ -184,16 +201,20 @@ def guest_loaded_file(
     cfi: CfiTable,
     loads: tuple[LoadSegment, ...],
     build_id: bytes | None,
+    word: int = 8,
 ) -> Module:
     """A guest file with no host copy, as its process has it loaded: its dynamic symbols
-    and its .eh_frame's CFI (guest/loaded_elf.py), at file addresses. No code bytes (a
-    return-site check there learns nothing). Its path, `[guest]/PATH`, is no host
-    file's, so nothing reads source lines from a host file of the same name."""
+    and its .eh_frame's CFI (guest/loaded_elf.py), at file addresses; `word` 4 for an
+    i386 file. No code bytes (a return-site check there learns nothing). Its path,
+    `[guest]/PATH`, is no host file's, so nothing reads source lines from a host file
+    of the same name."""
     name = file_name(mapping)
     path = Path(f"[guest]{mapping.path}")
     table = SymbolTable(name, symbols)
     empty = WindowMemory(())
-    return Module(name, path, table, cfi, empty, None, build_id, loads=loads, from_guest=True)
+    return Module(
+        name, path, table, cfi, empty, None, build_id, loads=loads, from_guest=True, word=word
+    )
 
 
 def _extent(sections: list[MemoryWindow]) -> tuple[int, int]:

@@ -4,6 +4,11 @@ x86-64 calls end where the return address points: `e8 rel32` (5 bytes) or `ff /2
 a ModRM operand (2 to 7 bytes, maybe after a REX prefix). A return address with none of
 these before it did not come from a call: the stack was torn (read while the guest ran)
 or the unwind went astray.
+
+32-bit code calls the same way, without REX prefixes (a 40-4f byte there is an
+`inc`/`dec`, which a call after it ends at the same address all the same), and its
+ModRM operands have the same lengths (mod 0, r/m 5 is a 32-bit address, not
+RIP-relative, and as long): the check holds for i386 code unchanged.
 """
 
 from __future__ import annotations

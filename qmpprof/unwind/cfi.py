@@ -11,6 +11,9 @@ addresses, then over the FDE's rows, with a cache of recently seen addresses in
 front. Corrupt CFI never raises: an FDE that cannot be compiled covers nothing and
 is counted with its reason (CfiTable.uncompiled), and where .eh_frame and
 .debug_frame both describe a function, the other one stands in for it.
+
+An i386 (ELF32, EM_386) file's CFI is read as i386's: its rows have word 4 (see
+cfi_entries.py and cfi_program.py); every other file's as x86-64's.
 """
 
 from __future__ import annotations
@@ -113,7 +116,9 @@ class CfiTable:
         """A table from `plain()`'s data; raises TypeError or ValueError for data of
         another shape."""
         cie_fields, kept, problems = plain
-        if any(len(entry) != 6 for entry in kept):
+        if any(len(entry) != 6 for entry in kept) or any(
+            len(cie) != _CIE_FIELDS for cie in cie_fields
+        ):
             raise ValueError("CFI entries of another shape")
         table = cls.__new__(cls)
         starts, cies = [entry[0] for entry in kept], [Cie(*fields) for fields in cie_fields]
@@ -170,6 +175,15 @@ class CfiTable:
         """A table alone knows no symbols (unwind.unwinder.CfiLookup)."""
         return False
 
+    def word_size(self, address: int) -> int | None:
+        """A table alone knows no module's word (unwind.unwinder.CfiLookup): the
+        unwind's own `word` applies to its frame-pointer steps."""
+        return None
+
+    def words(self) -> frozenset[int]:
+        """None known (unwind.unwinder.CfiLookup)."""
+        return frozenset()
+
     def _find(self, address: int) -> r.UnwindRow | None:
         index = bisect.bisect_right(self._starts, address) - 1
         if index < 0:
@@ -223,6 +237,17 @@ def _fields(cie: Cie) -> tuple[Any, ...]:
     return tuple(getattr(cie, field.name) for field in fields(cie))
 
 
+#: A CIE's fields as `plain()` keeps them (a table cached before a field was added is
+#: read again from its file).
+_CIE_FIELDS = len(fields(Cie))
+
+
+def elf_word(elf: ELFFile) -> int:
+    """The word of the code an ELF file holds: 4 for i386 (ELF32, EM_386), else 8
+    (x86-64's; an x32 file's code has 64-bit registers too)."""
+    return 4 if elf.elfclass == 32 and elf["e_machine"] == "EM_386" else 8
+
+
 def load_cfi(path: str | Path, key: FileKey | None = None) -> CfiTable:
     """The CFI of the ELF at `path` (.eh_frame first, .debug_frame where it adds), its
     entries kept in the derived cache under `key` (symbols/derived.py). Raises BadElf."""
@@ -254,16 +279,19 @@ def _section_fdes(elf: ELFFile, name: str, eh_frame: bool) -> _Found:
         if section is None or section["sh_type"] == "SHT_NOBITS":
             return _Found([], [])
         data, address = section.data(), section["sh_addr"]
-        address_size = elf.elfclass // 8
+        address_size, word = elf.elfclass // 8, elf_word(elf)
     except ELF_PARSE_ERRORS as err:  # corrupt section headers cost this section only
         return _Found([], [f"{name}: unreadable section ({type(err).__name__})"])
-    entries = parse_section(data, address, eh_frame, address_size)
+    entries = parse_section(data, address, eh_frame, address_size, word)
     return _Found(entries.fdes, entries.problems)
 
 
-def parse_cfi_section(data: bytes, address: int, eh_frame: bool) -> list[FdeEntry]:
-    """The FDEs of one .eh_frame/.debug_frame section (entries that cannot be read skipped)."""
-    return parse_section(data, address, eh_frame).fdes
+def parse_cfi_section(
+    data: bytes, address: int, eh_frame: bool, address_size: int = 8, word: int = 8
+) -> list[FdeEntry]:
+    """The FDEs of one .eh_frame/.debug_frame section (entries that cannot be read
+    skipped); an i386 file's with `address_size` and `word` 4."""
+    return parse_section(data, address, eh_frame, address_size, word).fdes
 
 
 def _without_overlaps(fdes: list[_Fde]) -> list[_Fde]:

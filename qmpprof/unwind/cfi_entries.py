@@ -10,6 +10,10 @@ dependency pin stays loose (pyelftools still reads the ELF section headers).
 
 Every entry starts with its length, so one bad entry costs only itself: the parser
 records why and moves on to the next.
+
+The sections of an i386 (EM_386) file are read with `word=4`: their CIEs say so
+(Cie.word), and their instructions are compiled with i386 register numbers and 4-byte
+save slots (cfi_program.py).
 """
 
 from __future__ import annotations
@@ -165,6 +169,14 @@ class Cie:
     has_augmentation_data: bool
     instructions: bytes
     instructions_address: int
+    #: 4: i386 code's CIE (i386 register numbers, 4-byte words); 8: x86-64 code's.
+    word: int = 8
+
+
+#: x86-64's return column (rip). i386 CFI never names register 16 (its st5) as one, so
+#: a CIE with this return column in an EM_386 file describes x86-64 code (a 64-bit
+#: kernel carried in an elf32-i386 file for multiboot loaders).
+X86_64_RETURN_COLUMN = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,12 +207,13 @@ class _Entry:
 
 
 def parse_section(
-    data: bytes, address: int, eh_frame: bool, address_size: int = 8
+    data: bytes, address: int, eh_frame: bool, address_size: int = 8, word: int = 8
 ) -> SectionEntries:
-    """Every FDE of one .eh_frame (eh_frame=True) or .debug_frame section at `address`."""
+    """Every FDE of one .eh_frame (eh_frame=True) or .debug_frame section at `address`;
+    `word` 4 for the section of an i386 (EM_386) file."""
     name = ".eh_frame" if eh_frame else ".debug_frame"
     entries, problems = _split_entries(data, name)
-    parser = _Parser(data, address, eh_frame, address_size, entries)
+    parser = _Parser(data, address, eh_frame, address_size, entries, word)
     return SectionEntries(_fdes_of(parser, entries, name, problems), problems)
 
 
@@ -245,12 +258,19 @@ def _split_entries(data: bytes, name: str) -> tuple[list[_Entry], list[str]]:
 
 class _Parser:
     def __init__(
-        self, data: bytes, address: int, eh_frame: bool, address_size: int, entries: list[_Entry]
+        self,
+        data: bytes,
+        address: int,
+        eh_frame: bool,
+        address_size: int,
+        entries: list[_Entry],
+        word: int = 8,
     ) -> None:
         self._data = data
         self._address = address
         self._eh_frame = eh_frame
         self._address_size = address_size
+        self._word = word
         self._by_offset = {entry.offset: entry for entry in entries}
         self._cies: dict[int, Cie | BadCfi] = {}
 
@@ -328,6 +348,7 @@ class _Parser:
         code_alignment, data_alignment = reader.uleb(), reader.sleb()
         return_column = reader.u8() if version == 1 else reader.uleb()
         fde_encoding, signal = self._augmentation(reader, augmentation, address_size)
+        i386 = self._word == 4 and return_column != X86_64_RETURN_COLUMN
         return Cie(
             code_alignment,
             data_alignment,
@@ -339,6 +360,7 @@ class _Parser:
             augmentation.startswith(b"z"),
             self._data[reader.position : entry.end],
             self._address + reader.position,
+            4 if i386 else 8,
         )
 
     def _augmentation(
@@ -369,12 +391,18 @@ class _Parser:
 
 
 def parse_listed(
-    data: bytes, address: int, offsets: list[int], readable: Callable[[int, int], bool]
+    data: bytes,
+    address: int,
+    offsets: list[int],
+    readable: Callable[[int, int], bool],
+    address_size: int = 8,
+    word: int = 8,
 ) -> SectionEntries:
     """The FDEs at `offsets` of an .eh_frame at `address` of which only the bytes
     `readable(offset, size)` says were read are real (the rest: holes, as in an
     .eh_frame read from a process's memory, found through .eh_frame_hdr's table). An
-    FDE, or its CIE, that is not wholly readable is left out and counted."""
+    FDE, or its CIE, that is not wholly readable is left out and counted. An i386
+    file's: `address_size` 4 and `word` 4 (as parse_section)."""
     entries: dict[int, _Entry] = {}
     problems: list[str] = []
     fde_entries = []
@@ -387,7 +415,7 @@ def parse_listed(
         entries[entry.offset] = entry
         entries[cie.offset] = cie
         fde_entries.append(entry)
-    parser = _Parser(data, address, True, 8, list(entries.values()))
+    parser = _Parser(data, address, True, address_size, list(entries.values()), word)
     return SectionEntries(_fdes_of(parser, fde_entries, ".eh_frame", problems), problems)
 
 

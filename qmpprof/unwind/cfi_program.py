@@ -11,6 +11,10 @@ removes its rule. The rows are checked against `readelf --debug-dump=frames-inte
 Anything else raises BadCfi, and the FDE is reported as uncompiled: an unknown
 opcode, instructions cut short, a row without a CFA rule (a CIE that never names the
 CFA register), a location that moves backwards, remember_state nested too deep.
+
+An i386 CIE's (Cie.word 4) register numbers, its return column's included, are
+translated to the internal numbering as they are read (numbering.py), in expressions
+too; its rules and rows get word 4.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from qmpprof.errors import BadCfi
 from qmpprof.unwind import rules as r
 from qmpprof.unwind.cfi_entries import MASK64, Cie, FdeEntry, Reader
 from qmpprof.unwind.dwarf_expr import Expression, decode_expression
+from qmpprof.unwind.numbering import from_i386
 
 MAX_REGISTER = 1024  # x86-64 numbers stop near 130; beyond this is garbage
 MAX_REMEMBERED = 64
@@ -33,6 +38,9 @@ class _Machine:
 
     def __init__(self, cie: Cie, reader: Reader) -> None:
         self.cie = cie
+        self.word = cie.word
+        self.i386 = cie.word == 4
+        self.return_column = from_i386(cie.return_column) if self.i386 else cie.return_column
         self.reader = reader
         self.location = 0
         self.cfa_register: int | None = None
@@ -52,9 +60,10 @@ class _Machine:
             if primary == 0x40:
                 self.advance((opcode & 0x3F) * self.cie.code_alignment)
             elif primary == 0x80:
-                self.set_rule(opcode & 0x3F, r.SavedAt(reader.uleb() * self.cie.data_alignment))
+                register = from_i386(opcode & 0x3F) if self.i386 else opcode & 0x3F
+                self.set_rule(register, self.saved_at(reader.uleb() * self.cie.data_alignment))
             elif primary == 0xC0:
-                self.restore(opcode & 0x3F)
+                self.restore(from_i386(opcode & 0x3F) if self.i386 else opcode & 0x3F)
             else:
                 handler = _EXTENDED.get(opcode)
                 if handler is None:
@@ -86,14 +95,14 @@ class _Machine:
     def _make_row(self) -> r.UnwindRow:
         if self.cfa_expression is None and self.cfa_register is None:
             raise BadCfi("no CFA rule (the CIE names no CFA register)")
-        cie = self.cie
         key = (
             self.cfa_register,
             self.cfa_offset,
             self.cfa_expression,
             tuple(self.rules.items()),
-            cie.return_column,
-            cie.signal_frame,
+            self.return_column,
+            self.cie.signal_frame,
+            self.word,
         )
         row = _ROWS.get(key)
         if row is None:
@@ -111,7 +120,10 @@ class _Machine:
         number = self.reader.uleb()
         if number > MAX_REGISTER:
             raise BadCfi(f"register number {number} out of range")
-        return number
+        return from_i386(number) if self.i386 else number
+
+    def saved_at(self, offset: int) -> r.SavedAt:
+        return r.SavedAt(offset, self.word)
 
     def set_rule(self, register: int, rule: r.RegisterRule) -> None:
         self.rules[register] = rule
@@ -135,7 +147,8 @@ class _Machine:
         return _signed64(value * self.cie.data_alignment)
 
     def expression(self) -> Expression:
-        return decode_expression(self.reader.take(self.reader.uleb()))
+        block = self.reader.take(self.reader.uleb())
+        return decode_expression(block, self.cie.address_size, self.i386)
 
     def remember(self) -> None:
         if len(self.remembered) >= MAX_REMEMBERED:
@@ -165,13 +178,14 @@ def _new_row(
     rules: tuple[tuple[int, r.RegisterRule], ...],
     return_column: int,
     signal_frame: bool,
+    word: int,
 ) -> r.UnwindRow:
     if expression is not None:
-        cfa = r.CfaRule(-1, 0, expression)
+        cfa = r.CfaRule(-1, 0, expression, word)
     else:
         assert register is not None
-        cfa = r.CfaRule(register, offset)
-    return r.UnwindRow(cfa, rules, return_column, signal_frame)
+        cfa = r.CfaRule(register, offset, None, word)
+    return r.UnwindRow(cfa, rules, return_column, signal_frame, word=word)
 
 
 def _signed64(value: int) -> int:
@@ -203,27 +217,27 @@ def _set_loc(m: _Machine) -> None:
 
 def _offset_extended(m: _Machine) -> None:
     register = m.register()
-    m.set_rule(register, r.SavedAt(m.data_factored(m.reader.uleb())))
+    m.set_rule(register, m.saved_at(m.data_factored(m.reader.uleb())))
 
 
 def _offset_extended_sf(m: _Machine) -> None:
     register = m.register()
-    m.set_rule(register, r.SavedAt(m.data_factored(m.reader.sleb())))
+    m.set_rule(register, m.saved_at(m.data_factored(m.reader.sleb())))
 
 
 def _negative_offset_extended(m: _Machine) -> None:
     register = m.register()
-    m.set_rule(register, r.SavedAt(m.data_factored(-m.reader.uleb())))
+    m.set_rule(register, m.saved_at(m.data_factored(-m.reader.uleb())))
 
 
 def _val_offset(m: _Machine) -> None:
     register = m.register()
-    m.set_rule(register, r.ValueAt(m.data_factored(m.reader.uleb())))
+    m.set_rule(register, r.ValueAt(m.data_factored(m.reader.uleb()), m.word))
 
 
 def _val_offset_sf(m: _Machine) -> None:
     register = m.register()
-    m.set_rule(register, r.ValueAt(m.data_factored(m.reader.sleb())))
+    m.set_rule(register, r.ValueAt(m.data_factored(m.reader.sleb()), m.word))
 
 
 def _in_register(m: _Machine) -> None:
@@ -233,12 +247,12 @@ def _in_register(m: _Machine) -> None:
 
 def _expression_rule(m: _Machine) -> None:
     register = m.register()
-    m.set_rule(register, r.SavedAtExpression(m.expression()))
+    m.set_rule(register, r.SavedAtExpression(m.expression(), m.word))
 
 
 def _val_expression(m: _Machine) -> None:
     register = m.register()
-    m.set_rule(register, r.ValueOfExpression(m.expression()))
+    m.set_rule(register, r.ValueOfExpression(m.expression(), m.word))
 
 
 def _def_cfa(m: _Machine) -> None:

@@ -1,9 +1,13 @@
 """A decoder and a bounded evaluator for the DWARF expressions compilers put in CFI.
 
 Compilers emit expressions in CFI for PLT entries, realigned stacks and signal or
-interrupt frames. This evaluates the stack-machine subset those use, over 64-bit
-unsigned values, with a bounded stack and a bounded number of steps; anything else
+interrupt frames. This evaluates the stack-machine subset those use, over unsigned
+values of the code's word (64 bits, or 32 for i386 code: DWARF's generic type is an
+address wide), with a bounded stack and a bounded number of steps; anything else
 raises UnsupportedExpression. Memory reads raise MemoryFault.
+
+i386 expressions are decoded into the internal (x86-64) register numbering like the
+rest of i386 CFI (numbering.py): DW_OP_breg5 (ebp) becomes DW_OP_breg6.
 """
 
 from __future__ import annotations
@@ -12,10 +16,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from qmpprof.errors import BadCfi, UnsupportedExpression
-from qmpprof.memory import MemoryReader
+from qmpprof.memory import MemoryReader, read_word
 from qmpprof.unwind.cfi_entries import Reader
+from qmpprof.unwind.numbering import I386_OTHER, from_i386
 
 MASK = (1 << 64) - 1
+MASK32 = (1 << 32) - 1
 MAX_STACK = 64
 MAX_STEPS = 256
 
@@ -31,7 +37,7 @@ class Op:
 Expression = tuple[Op, ...]
 
 # Operand layouts of the operations decoded (DWARF 5, section 7.7.1): "1u" an unsigned
-# byte, "2s" a signed 16-bit number, "u"/"s" LEB128, "a" an 8-byte address.
+# byte, "2s" a signed 16-bit number, "u"/"s" LEB128, "a" an address (8 or 4 bytes).
 _OPERANDS: dict[int, tuple[str, str]] = {
     0x03: ("DW_OP_addr", "a"),
     0x06: ("DW_OP_deref", ""),
@@ -86,8 +92,12 @@ _OPERANDS: dict[int, tuple[str, str]] = {
 _BRANCHES = ("DW_OP_skip", "DW_OP_bra")
 
 
-def decode_expression(block: bytes) -> Expression:
+def decode_expression(block: bytes, address_size: int = 8, i386: bool = False) -> Expression:
     """The operations of a DWARF expression, branch targets resolved to op indexes.
+
+    `address_size`: DW_OP_addr's operand bytes. `i386`: the registers it names are
+    i386's, translated to the internal numbers (one without a twin there becomes an
+    operation the evaluator refuses).
 
     Never raises: an operation this module does not know, or one cut short, becomes
     an Op the evaluator refuses (UnsupportedExpression), so only an unwind that
@@ -104,17 +114,18 @@ def decode_expression(block: bytes) -> Expression:
             break  # the size of its operands is unknown: nothing after it can be decoded
         name, layout = _OPERANDS[opcode]
         try:
-            decoded.append((Op(name, _operands(reader, layout)), reader.position))
+            op = Op(name, _operands(reader, layout, address_size))
         except BadCfi:
             decoded.append((Op(f"cut short: {name}"), len(block)))
             break
+        decoded.append((_from_i386(op) if i386 else op, reader.position))
     offsets[len(block)] = len(decoded)
     return tuple(_resolve_branch(op, end, offsets) for op, end in decoded)
 
 
-def _operands(reader: Reader, layout: str) -> tuple[int, ...]:
+def _operands(reader: Reader, layout: str, address_size: int) -> tuple[int, ...]:
     if layout == "a":
-        return (reader.unsigned(8),)
+        return (reader.unsigned(address_size),)
     if layout in ("u", "s", "us"):
         return tuple(reader.uleb() if kind == "u" else reader.sleb() for kind in layout)
     if layout:
@@ -123,28 +134,43 @@ def _operands(reader: Reader, layout: str) -> tuple[int, ...]:
     return ()
 
 
+def _from_i386(op: Op) -> Op:
+    """`op` with the i386 register it names renumbered (numbering.from_i386)."""
+    name = op.name
+    if name in ("DW_OP_regx", "DW_OP_bregx"):
+        return Op(name, (from_i386(op.args[0]), *op.args[1:]))
+    for prefix in ("DW_OP_reg", "DW_OP_breg"):
+        if name.startswith(prefix) and name[len(prefix) :].isdigit():
+            number = from_i386(int(name[len(prefix) :]))
+            if number >= I386_OTHER:  # no internal twin: refused where evaluated
+                return Op(f"i386 register {number - I386_OTHER} in {name}", op.args)
+            return Op(f"{prefix}{number}", op.args)
+    return op
+
+
 def _resolve_branch(op: Op, end: int, offsets: dict[int, int]) -> Op:
     if op.name not in _BRANCHES:
         return op
     return Op(op.name, (offsets.get(end + op.args[0], -1),))
 
 
-_BINARY: dict[str, Callable[[int, int], int]] = {
-    "DW_OP_plus": lambda a, b: a + b,
-    "DW_OP_minus": lambda a, b: a - b,
-    "DW_OP_mul": lambda a, b: a * b,
-    "DW_OP_and": lambda a, b: a & b,
-    "DW_OP_or": lambda a, b: a | b,
-    "DW_OP_xor": lambda a, b: a ^ b,
-    "DW_OP_shl": lambda a, b: a << b if b < 64 else 0,
-    "DW_OP_shr": lambda a, b: a >> b if b < 64 else 0,
-    "DW_OP_shra": lambda a, b: _signed(a) >> min(b, 63),
-    "DW_OP_ge": lambda a, b: int(_signed(a) >= _signed(b)),
-    "DW_OP_gt": lambda a, b: int(_signed(a) > _signed(b)),
-    "DW_OP_le": lambda a, b: int(_signed(a) <= _signed(b)),
-    "DW_OP_lt": lambda a, b: int(_signed(a) < _signed(b)),
-    "DW_OP_eq": lambda a, b: int(a == b),
-    "DW_OP_ne": lambda a, b: int(a != b),
+#: Binary operations over (left, right, the word's bit count).
+_BINARY: dict[str, Callable[[int, int, int], int]] = {
+    "DW_OP_plus": lambda a, b, bits: a + b,
+    "DW_OP_minus": lambda a, b, bits: a - b,
+    "DW_OP_mul": lambda a, b, bits: a * b,
+    "DW_OP_and": lambda a, b, bits: a & b,
+    "DW_OP_or": lambda a, b, bits: a | b,
+    "DW_OP_xor": lambda a, b, bits: a ^ b,
+    "DW_OP_shl": lambda a, b, bits: a << b if b < bits else 0,
+    "DW_OP_shr": lambda a, b, bits: a >> b if b < bits else 0,
+    "DW_OP_shra": lambda a, b, bits: _signed(a, bits) >> min(b, bits - 1),
+    "DW_OP_ge": lambda a, b, bits: int(_signed(a, bits) >= _signed(b, bits)),
+    "DW_OP_gt": lambda a, b, bits: int(_signed(a, bits) > _signed(b, bits)),
+    "DW_OP_le": lambda a, b, bits: int(_signed(a, bits) <= _signed(b, bits)),
+    "DW_OP_lt": lambda a, b, bits: int(_signed(a, bits) < _signed(b, bits)),
+    "DW_OP_eq": lambda a, b, bits: int(a == b),
+    "DW_OP_ne": lambda a, b, bits: int(a != b),
 }
 
 
@@ -153,19 +179,22 @@ def evaluate(
     registers: Sequence[int | None],
     memory: MemoryReader,
     initial: Sequence[int] = (),
+    word: int = 8,
 ) -> int:
     """The value on top of the stack after running `expression`.
 
     `registers` is indexed by DWARF register number (None: unknown). `initial` is
-    pushed first (the CFA, for register rules).
+    pushed first (the CFA, for register rules). `word`: the code's word in bytes, 8
+    or 4: the values' width (modulo 2**(8 * word)) and what DW_OP_deref reads.
     """
-    stack = [value & MASK for value in initial]
+    mask = MASK if word == 8 else MASK32
+    stack = [value & mask for value in initial]
     position = steps = 0
     while position < len(expression):
         steps += 1
         if steps > MAX_STEPS:
             raise UnsupportedExpression("CFI expression runs too long")
-        position = _step(expression, position, stack, registers, memory)
+        position = _step(expression, position, stack, registers, memory, mask)
         if len(stack) > MAX_STACK:
             raise UnsupportedExpression("CFI expression stack overflow")
     if not stack:
@@ -179,41 +208,43 @@ def _step(
     stack: list[int],
     registers: Sequence[int | None],
     memory: MemoryReader,
+    mask: int,
 ) -> int:
     """Run the operation at `position`; returns the position of the next one."""
     op = expression[position]
     name = op.name
     if name in _BINARY:
         right, left = _pop(stack), _pop(stack)
-        stack.append(_BINARY[name](left, right) & MASK)
+        stack.append(_BINARY[name](left, right, mask.bit_length()) & mask)
     elif name.startswith("DW_OP_lit"):
         stack.append(int(name[9:]))
     elif name.startswith("DW_OP_const"):
-        stack.append(_arg(op) & MASK)
+        stack.append(_arg(op) & mask)
     elif name.startswith("DW_OP_breg") and name != "DW_OP_bregx":
-        stack.append((_register(registers, int(name[10:])) + _arg(op)) & MASK)
+        stack.append((_register(registers, int(name[10:])) + _arg(op)) & mask)
     elif name == "DW_OP_bregx":
-        stack.append((_register(registers, op.args[0]) + op.args[1]) & MASK)
+        stack.append((_register(registers, op.args[0]) + op.args[1]) & mask)
     elif name in ("DW_OP_skip", "DW_OP_bra"):
         return _branch(expression, position, stack, op)
     else:
-        _stack_op(op, stack, memory)
+        _stack_op(op, stack, memory, mask)
     return position + 1
 
 
-def _stack_op(op: Op, stack: list[int], memory: MemoryReader) -> None:
+def _stack_op(op: Op, stack: list[int], memory: MemoryReader, mask: int) -> None:
     name = op.name
     if name == "DW_OP_plus_uconst":
-        stack.append((_pop(stack) + _arg(op)) & MASK)
+        stack.append((_pop(stack) + _arg(op)) & mask)
     elif name == "DW_OP_deref":
-        stack.append(memory.read_u64(_pop(stack)))
+        stack.append(read_word(memory, _pop(stack), 8 if mask == MASK else 4))
     elif name == "DW_OP_deref_size":
         address = _pop(stack)
-        stack.append(int.from_bytes(memory.read(address, _arg(op)), "little"))
+        stack.append(int.from_bytes(memory.read(address, _arg(op)), "little") & mask)
     elif name in ("DW_OP_neg", "DW_OP_not", "DW_OP_abs"):
         value = _pop(stack)
-        result = {"DW_OP_neg": -value, "DW_OP_not": ~value, "DW_OP_abs": abs(_signed(value))}
-        stack.append(result[name] & MASK)
+        signed = _signed(value, mask.bit_length())
+        result = {"DW_OP_neg": -value, "DW_OP_not": ~value, "DW_OP_abs": abs(signed)}
+        stack.append(result[name] & mask)
     elif name in ("DW_OP_dup", "DW_OP_over", "DW_OP_pick"):
         index = {"DW_OP_dup": 0, "DW_OP_over": 1}.get(name, op.args[0] if op.args else 0)
         if index >= len(stack):
@@ -264,5 +295,5 @@ def _register(registers: Sequence[int | None], number: int) -> int:
     return value
 
 
-def _signed(value: int) -> int:
-    return value - (1 << 64) if value & (1 << 63) else value
+def _signed(value: int, bits: int) -> int:
+    return value - (1 << bits) if value >> (bits - 1) & 1 else value

@@ -3,15 +3,21 @@
 Registers are numbered as DWARF numbers them on x86-64: 0 rax, 1 rdx, 2 rcx, 3 rbx,
 4 rsi, 5 rdi, 6 rbp, 7 rsp, 8-15 r8-r15, 16 the return address (rip). `regs` below
 is the frame being unwound (the callee); the rules give the caller's values.
+
+32-bit x86 (i386) code is unwound in the same numbering: a 32-bit vCPU's EAX..EIP are
+RAX..RIP's low halves, and i386 CFI's own numbers (0 eax, 1 ecx, 2 edx, 3 ebx, 4 esp,
+5 ebp, 6 esi, 7 edi, 8 eip) are translated when it is decoded (numbering.py). Its rows
+and rules carry `word` 4: save slots are 4 bytes and addresses wrap at 2**32. Rows of
+x86-64 code have word 8 (the default).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from qmpprof.errors import MemoryFault, UnsupportedExpression
-from qmpprof.memory import MemoryReader
+from qmpprof.memory import MemoryReader, read_word
 from qmpprof.unwind.dwarf_expr import Expression, evaluate
 
 #: Index = DWARF register number.
@@ -35,17 +41,34 @@ REGISTER_COUNT = 17
 #: unless a rule says otherwise. All others are unknown in the caller.
 CALLEE_SAVED = frozenset({3, 6, 7, 12, 13, 14, 15})
 _CALLEE_SAVED_IN_ORDER = tuple(sorted(CALLEE_SAVED))
+#: Those i386 code preserves (cdecl, System V i386): ebx, esi, edi, ebp, esp.
+CALLEE_SAVED_I386 = frozenset({3, 4, 5, 6, 7})
+_CALLEE_SAVED_I386_IN_ORDER = tuple(sorted(CALLEE_SAVED_I386))
+
+MASK32 = 0xFFFF_FFFF
 
 Registers = Sequence[int | None]
 
 
+# The rules whose formula depends on the word are two classes each: `CfaRule(...,
+# word=4)` makes a `_CfaRule32`, and so on, so that the 64-bit hot path runs exactly the
+# code it ran before i386 (no test of the word per frame). Made with `word` 4, such an
+# object keeps its class: `dataclasses.replace` of its word is not supported.
+
+
 @dataclass(frozen=True, slots=True)
 class CfaRule:
-    """CFA = regs[register] + offset, or CFA = eval(expression) when one is given."""
+    """CFA = regs[register] + offset, or CFA = eval(expression) when one is given;
+    modulo 2**(8 * word)."""
 
     register: int
     offset: int
     expression: Expression | None = None
+    word: int = 8
+
+    def __new__(cls, *args: object, **kwargs: object) -> CfaRule:
+        word = args[3] if len(args) > 3 else kwargs.get("word", 8)
+        return object.__new__(_CfaRule32 if cls is CfaRule and word != 8 else cls)
 
     def compute(self, regs: Registers, memory: MemoryReader) -> int:
         if self.expression is not None:
@@ -54,6 +77,19 @@ class CfaRule:
         if base is None:
             raise UnsupportedExpression(f"CFA is based on register {self.register}, unknown here")
         return (base + self.offset) & 0xFFFF_FFFF_FFFF_FFFF
+
+
+@dataclass(frozen=True, slots=True)
+class _CfaRule32(CfaRule):
+    """A CfaRule of i386 code: 32-bit arithmetic."""
+
+    def compute(self, regs: Registers, memory: MemoryReader) -> int:
+        if self.expression is not None:
+            return evaluate(self.expression, regs, memory, (), self.word)
+        base = regs[self.register] if self.register < REGISTER_COUNT else None
+        if base is None:
+            raise UnsupportedExpression(f"CFA is based on register {self.register}, unknown here")
+        return (base + self.offset) & MASK32
 
 
 class RegisterRule:
@@ -83,22 +119,48 @@ class SameValue(RegisterRule):
 
 @dataclass(frozen=True, slots=True)
 class SavedAt(RegisterRule):
-    """reg = *(CFA + offset): saved on the stack."""
+    """reg = *(CFA + offset): saved on the stack, in a slot of `word` bytes."""
 
     offset: int
+    word: int = 8
+
+    def __new__(cls, *args: object, **kwargs: object) -> SavedAt:
+        word = args[1] if len(args) > 1 else kwargs.get("word", 8)
+        return object.__new__(_SavedAt32 if cls is SavedAt and word != 8 else cls)
 
     def recover(self, cfa: int, regs: Registers, memory: MemoryReader) -> int | None:
         return memory.read_u64(cfa + self.offset)
 
 
 @dataclass(frozen=True, slots=True)
+class _SavedAt32(SavedAt):
+    """A SavedAt of i386 code: a 4-byte slot, its address modulo 2**32."""
+
+    def recover(self, cfa: int, regs: Registers, memory: MemoryReader) -> int | None:
+        return read_word(memory, cfa + self.offset, self.word)
+
+
+@dataclass(frozen=True, slots=True)
 class ValueAt(RegisterRule):
-    """reg = CFA + offset (DW_CFA_val_offset)."""
+    """reg = CFA + offset (DW_CFA_val_offset; modulo 2**32 for 4-byte words)."""
 
     offset: int
+    word: int = 8
+
+    def __new__(cls, *args: object, **kwargs: object) -> ValueAt:
+        word = args[1] if len(args) > 1 else kwargs.get("word", 8)
+        return object.__new__(_ValueAt32 if cls is ValueAt and word != 8 else cls)
 
     def recover(self, cfa: int, regs: Registers, memory: MemoryReader) -> int | None:
         return cfa + self.offset
+
+
+@dataclass(frozen=True, slots=True)
+class _ValueAt32(ValueAt):
+    """A ValueAt of i386 code: modulo 2**32."""
+
+    def recover(self, cfa: int, regs: Registers, memory: MemoryReader) -> int | None:
+        return (cfa + self.offset) & MASK32
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,12 +175,14 @@ class InRegister(RegisterRule):
 
 @dataclass(frozen=True, slots=True)
 class SavedAtExpression(RegisterRule):
-    """reg = *eval(expression, CFA pushed first) (DW_CFA_expression)."""
+    """reg = *eval(expression, CFA pushed first) (DW_CFA_expression), `word` bytes."""
 
     expression: Expression
+    word: int = 8
 
     def recover(self, cfa: int, regs: Registers, memory: MemoryReader) -> int | None:
-        return memory.read_u64(evaluate(self.expression, regs, memory, (cfa,)))
+        address = evaluate(self.expression, regs, memory, (cfa,), self.word)
+        return read_word(memory, address, self.word)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,9 +190,10 @@ class ValueOfExpression(RegisterRule):
     """reg = eval(expression, CFA pushed first) (DW_CFA_val_expression)."""
 
     expression: Expression
+    word: int = 8
 
     def recover(self, cfa: int, regs: Registers, memory: MemoryReader) -> int | None:
-        return evaluate(self.expression, regs, memory, (cfa,))
+        return evaluate(self.expression, regs, memory, (cfa,), self.word)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +214,8 @@ class UnwindRow:
     RSP without a rule is the CFA. `signal_frame`: the caller's address is an
     interrupted instruction, not a return address. `switches_stack`: the caller's frame
     may be on another stack (the kernel's IRQ stack links to the task's), so it need
-    not lie above this one.
+    not lie above this one. `word`: 8 for x86-64 code, 4 for i386 code (its rules read
+    4-byte slots, and the registers a call preserves are i386's).
     """
 
     cfa: CfaRule
@@ -157,6 +223,13 @@ class UnwindRow:
     return_column: int = RIP
     signal_frame: bool = False
     switches_stack: bool = False
+    word: int = 8
+    #: The registers whose caller values equal ours without a rule, for `word`.
+    callee_saved: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        saved = _CALLEE_SAVED_IN_ORDER if self.word == 8 else _CALLEE_SAVED_I386_IN_ORDER
+        object.__setattr__(self, "callee_saved", saved)
 
     def caller_registers(self, regs: Registers, memory: MemoryReader) -> list[int | None]:
         """The caller's registers (index RIP: its pc, None at the end of the stack).
@@ -168,7 +241,7 @@ class UnwindRow:
             caller = list(regs)
         else:  # the unwinder's hottest line: seven copies beat a filter over all of them
             caller = [None] * REGISTER_COUNT
-            for register in _CALLEE_SAVED_IN_ORDER:
+            for register in self.callee_saved:
                 caller[register] = regs[register]
         caller[RSP] = cfa
         return_address: int | None = None

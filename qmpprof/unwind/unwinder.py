@@ -4,6 +4,11 @@ Per frame: find the row for the frame's pc (pc - 1 for a return address, since t
 call may be the last instruction of a function), recover the caller's registers,
 check the stack moved up, repeat. Every step can fail on guest data; the unwind
 then ends with a StopReason, never an exception, and never loops.
+
+32-bit x86 code unwinds in the same loop and register numbering (rules.py): a CFI row
+carries its own word (4 for an i386 module's), and a frame-pointer step takes the word
+of the module at its pc (CfiLookup.word_size), else the vCPU's (`unwind(word=...)`):
+a 32-bit program under a 64-bit kernel has frames of both widths on one stack.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import Protocol
 
 from qmpprof.defaults import DEFAULT_MAX_DEPTH
 from qmpprof.errors import MemoryFault, UnsupportedExpression
-from qmpprof.memory import MemoryReader
+from qmpprof.memory import MemoryReader, read_word
 from qmpprof.model import (
     KERNEL_HALF,
     FrameAddress,
@@ -57,6 +62,16 @@ class CfiLookup(Protocol):
         at RSP, as GDB assumes where no table describes the code)."""
         ...
 
+    def word_size(self, address: int) -> int | None:
+        """The word (8 or 4 bytes) of the code at `address`, from its module's ELF
+        class; None where no module is known (the unwind's `word` applies)."""
+        ...
+
+    def words(self) -> frozenset[int]:
+        """Every answer of word_size but None: where they are all the unwind's own
+        word, frame-pointer steps need not ask (the common case, and a hot path)."""
+        ...
+
 
 class _Stop(Exception):
     def __init__(self, reason: StopReason, address: int | None = None) -> None:
@@ -69,6 +84,12 @@ def dwarf_registers(registers: RegisterSet) -> list[int | None]:
     return [registers.general.get(name) for name in DWARF_REGISTER_NAMES]
 
 
+def word_for(bits: int) -> int:
+    """The `word` to unwind a vCPU's stack with, from the width of the code it ran
+    (RegisterSet.bits): 8 in 64-bit mode, else 4."""
+    return 8 if bits == 64 else 4
+
+
 def unwind(
     regs: list[int | None],
     memory: MemoryReader,
@@ -76,16 +97,24 @@ def unwind(
     strategy: Strategy = Strategy.AUTO,
     code: MemoryReader | None = None,
     max_depth: int = DEFAULT_MAX_DEPTH,
+    word: int = 8,
 ) -> UnwoundStack:
-    """Unwind from `regs` (DWARF-numbered, RIP the pc). Never raises on guest data."""
+    """Unwind from `regs` (DWARF-numbered, RIP the pc). Never raises on guest data.
+
+    `word`: the vCPU's, 8 in 64-bit mode, 4 in 32-bit (`word_for`): the width of the
+    frame-pointer steps where no module says otherwise (CfiLookup.word_size). Only in
+    64-bit mode is a `syscall` edge recognised."""
     pc = regs[RIP]
     assert pc is not None
     frames = [FrameAddress(pc, FrameKind.INSTRUCTION)]
     exact = True
     seen: set[tuple[int, int | None]] = set()
+    widths = cfi if cfi is not None and cfi.words() - {word} else None
     try:
         while len(frames) < max_depth:
-            regs, exact, how = _step(regs, exact, len(frames) == 1, memory, cfi, strategy, code)
+            regs, exact, how = _step(
+                regs, exact, len(frames) == 1, memory, cfi, strategy, code, word, widths
+            )
             caller_pc = regs[RIP]
             if not caller_pc:
                 return UnwoundStack(tuple(frames), StopReason.END_OF_STACK)
@@ -109,11 +138,15 @@ def _step(
     cfi: CfiLookup | None,
     strategy: Strategy,
     code: MemoryReader | None,
+    word: int,
+    widths: CfiLookup | None,
 ) -> tuple[list[int | None], bool, Recovery]:
-    """One frame up: (caller's registers, whether its pc is exact, how it was found)."""
+    """One frame up: (caller's registers, whether its pc is exact, how it was found).
+    `widths`: where to ask each frame-pointer step's word, when modules of another
+    word than the vCPU's are mapped."""
     pc = regs[RIP]
     assert pc is not None
-    if leaf and _at_system_call_edge(regs):
+    if leaf and word == 8 and _at_system_call_edge(regs):
         return _user_side_of_system_call(regs), True, Recovery.SYSTEM_CALL
     row = None
     if cfi is not None and strategy is not Strategy.FP:
@@ -122,15 +155,18 @@ def _step(
         row is not None
         and leaf
         and _ends_stack(row)
-        and _entered_by_a_call(regs, memory, cfi, code)
+        and _entered_by_a_call(regs, memory, cfi, code, row.word)
     ):
-        return _fp_step(regs, leaf, memory, code, True), False, Recovery.FRAME_POINTER
+        caller = _fp_step(regs, leaf, memory, code, row.word, True)
+        return caller, False, Recovery.FRAME_POINTER
     if row is not None:
         return _cfi_step(row, regs, memory), row.signal_frame, Recovery.CFI
     if strategy is Strategy.CFI:
         raise _Stop(StopReason.NO_UNWIND_INFO)
     at_entry = leaf and cfi is not None and cfi.starts_function(pc)
-    return _fp_step(regs, leaf, memory, code, at_entry), False, Recovery.FRAME_POINTER
+    if widths is not None:
+        word = widths.word_size(pc if exact else pc - 1) or word
+    return _fp_step(regs, leaf, memory, code, word, at_entry), False, Recovery.FRAME_POINTER
 
 
 def _ends_stack(row: UnwindRow) -> bool:
@@ -142,6 +178,7 @@ def _entered_by_a_call(
     memory: MemoryReader,
     cfi: CfiLookup | None,
     code: MemoryReader | None,
+    word: int,
 ) -> bool:
     """A leaf at a function's first instruction that the table calls the end of the
     stack (6.1 marks its retpoline thunks so) but that a call reached: the return
@@ -152,7 +189,7 @@ def _entered_by_a_call(
     if not cfi.starts_function(pc):
         return False
     try:
-        return_address = memory.read_u64(rsp)
+        return_address = read_word(memory, rsp, word)
     except MemoryFault:
         return False
     return bool(follows_call(code, return_address))
@@ -162,7 +199,8 @@ def _at_system_call_edge(regs: list[int | None]) -> bool:
     """Kernel code on a user stack: the first instructions of the system-call entry
     (before it switches stacks) or the `sysret` back. Nowhere else does a kernel run on
     a user-half stack, and there no unwind table helps: the kernel's own marks it as the
-    end of the stack."""
+    end of the stack. x86-64's `syscall` only (a 64-bit vCPU's): a 32-bit system call
+    (`int $0x80`, `sysenter`) switches stacks at once, and CFI describes its frame."""
     pc, rsp, rcx = regs[RIP], regs[RSP], regs[_RCX]
     return (
         pc is not None
@@ -192,30 +230,37 @@ def _cfi_step(row: UnwindRow, regs: list[int | None], memory: MemoryReader) -> l
     return caller
 
 
+#: The callee-saved registers a frame-pointer step keeps, besides RSP and RBP:
+#: x86-64's rbx, r12-r15; i386's ebx, esi, edi.
+_KEPT_64 = (3, 12, 13, 14, 15)
+_KEPT_32 = (3, 4, 5)
+
+
 def _fp_step(
     regs: list[int | None],
     leaf: bool,
     memory: MemoryReader,
     code: MemoryReader | None,
+    word: int,
     at_entry: bool = False,
 ) -> list[int | None]:
     rsp, rbp = regs[RSP], regs[RBP]
     if rsp is None or rbp is None:
         raise _Stop(StopReason.NO_UNWIND_INFO)
-    slot = leaf_return_slot(code, regs[RIP] or 0, rsp) if leaf and code is not None else None
+    slot = leaf_return_slot(code, regs[RIP] or 0, rsp, word) if leaf and code is not None else None
     if at_entry:
         slot = rsp
     if slot is None and 0 < rbp < rsp:
         raise _Stop(StopReason.NO_PROGRESS)
     try:
-        caller_pc, caller_rsp, caller_rbp = frame_pointer_step(memory, rsp, rbp, slot)
+        caller_pc, caller_rsp, caller_rbp = frame_pointer_step(memory, rsp, rbp, slot, word)
     except MemoryFault as fault:
         raise _Stop(StopReason.FAULT, fault.address) from fault
     if caller_rsp is None:
         raise _Stop(StopReason.END_OF_STACK if rbp == 0 else StopReason.BAD_FRAME)
     caller: list[int | None] = [None] * REGISTER_COUNT
     caller[RIP], caller[RSP], caller[RBP] = caller_pc, caller_rsp, caller_rbp
-    for register in (3, 12, 13, 14, 15):
+    for register in _KEPT_64 if word == 8 else _KEPT_32:
         caller[register] = regs[register]
     _check_progress(regs, caller, other_stack=False)
     return caller

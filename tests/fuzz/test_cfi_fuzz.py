@@ -5,6 +5,8 @@ unwind ends with a StopReason.
 The sections are those of cfi_instructions.S (every DW_CFA_* instruction, in both
 sections) and of cfi_chain.c as gcc builds it; they are read once, and each case
 mutates the bytes in memory and parses only them (small: a case takes a millisecond).
+Every test runs twice: over x86-64 files, and over their i386 (ELF32) twins
+(data/i386/), whose CFI is renumbered and unwound with 4-byte words.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from hypothesis import strategies as st
 from qmpprof.errors import BadCfi, MemoryFault, UnsupportedExpression
 from qmpprof.memory import WindowMemory
 from qmpprof.model import MemoryWindow, StopReason
-from qmpprof.unwind.cfi import CfiTable, load_cfi
+from qmpprof.unwind.cfi import CfiTable, elf_word, load_cfi
 from qmpprof.unwind.cfi_entries import FdeEntry, parse_section
 from qmpprof.unwind.cfi_program import compile_fde
 from qmpprof.unwind.dwarf_expr import decode_expression, evaluate
@@ -29,11 +31,13 @@ from qmpprof.unwind.rules import REGISTER_COUNT, RIP, RSP
 from qmpprof.unwind.unwinder import Strategy, unwind
 from tests.fuzz.budget import cases, counted
 from tests.unit.conftest import build_elf
+from tests.unit.i386_builds import build_chain, build_i386
 
 STACK = 0x7FFF_0000
 #: too_slow again: this list replaces the profile's (tests/conftest.py).
 FIXTURES = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 MEMORY = WindowMemory([MemoryWindow(STACK, bytes(range(256)) * 4)])
+ARCHITECTURES = ["x86-64", "i386"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,36 +46,50 @@ class Section:
     data: bytes
     address: int
     starts: list[int]  # where its FDEs start: the addresses each case looks up
+    address_size: int = 8
+    word: int = 8  # 4: an i386 file's
 
     def table(self, data: bytes) -> CfiTable:
-        found = parse_section(data, self.address, self.name == ".eh_frame")
+        eh_frame = self.name == ".eh_frame"
+        found = parse_section(data, self.address, eh_frame, self.address_size, self.word)
         return CfiTable(found.fdes, found.problems)
 
 
 def sections_of(elf: Path) -> list[Section]:
     found = []
     with elf.open("rb") as stream:
+        file = ELFFile(stream)
+        address_size, word = file.elfclass // 8, elf_word(file)
         for name in (".eh_frame", ".debug_frame"):
-            section = ELFFile(stream).get_section_by_name(name)
+            section = file.get_section_by_name(name)
             if section is not None:
                 data, address = section.data(), section["sh_addr"]
-                fdes = parse_section(data, address, name == ".eh_frame").fdes
-                found.append(Section(name, data, address, [fde.start for fde in fdes]))
+                fdes = parse_section(data, address, name == ".eh_frame", address_size, word).fdes
+                starts = [fde.start for fde in fdes]
+                found.append(Section(name, data, address, starts, address_size, word))
     return found
 
 
-@pytest.fixture(scope="module")
-def sections(tmp_path_factory: pytest.TempPathFactory) -> list[Section]:
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def sections(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> list[Section]:
     out = tmp_path_factory.mktemp("cfi-fuzz")
-    every = build_elf("cfi_instructions.S", out, "-nostdlib", "-static", "-DBOTH_SECTIONS")
-    chain = build_elf("cfi_chain.c", out, "-O2", "-g")
-    debug_only = build_elf("cfi_chain.c", out, "-O2", "-g", "-fno-asynchronous-unwind-tables")
+    if request.param == "i386":
+        every = build_i386("i386/cfi_instructions.S", out, "-DBOTH_SECTIONS")
+        chain = build_chain("O2-omit-fp", out)
+        debug_only = build_chain("O2-omit-fp-debug-frame-only", out)
+    else:
+        every = build_elf("cfi_instructions.S", out, "-nostdlib", "-static", "-DBOTH_SECTIONS")
+        chain = build_elf("cfi_chain.c", out, "-O2", "-g")
+        debug_only = build_elf("cfi_chain.c", out, "-O2", "-g", "-fno-asynchronous-unwind-tables")
     found = sections_of(every) + sections_of(chain) + sections_of(debug_only)
     assert {s.name for s in found} == {".eh_frame", ".debug_frame"}
+    assert {s.word for s in found} == {4 if request.param == "i386" else 8}
     return found
 
 
-def use_everything(table: CfiTable, addresses: list[int]) -> None:
+def use_everything(table: CfiTable, addresses: list[int], word: int = 8) -> None:
     """Look up every address and unwind from it (all of which must not raise)."""
     table.uncompiled().summary()
     for address in addresses:
@@ -79,7 +97,10 @@ def use_everything(table: CfiTable, addresses: list[int]) -> None:
         table.row_for(address + 1)
         regs: list[int | None] = [STACK + 64] * REGISTER_COUNT
         regs[RIP], regs[RSP] = address + 1, STACK
-        assert isinstance(unwind(regs, MEMORY, table, Strategy.CFI).stop, StopReason)
+        result = unwind(regs, MEMORY, table, Strategy.CFI, word=word)
+        assert isinstance(result.stop, StopReason)
+        if word == 4:
+            assert all(frame.address < 1 << 32 for frame in result.frames)
 
 
 @settings(max_examples=cases(100), deadline=None, suppress_health_check=FIXTURES)
@@ -88,7 +109,7 @@ def use_everything(table: CfiTable, addresses: list[int]) -> None:
 def test_truncated_sections(sections: list[Section], which: int, cut: float) -> None:
     section = sections[which % len(sections)]
     table = section.table(section.data[: int(len(section.data) * cut)])
-    use_everything(table, section.starts)
+    use_everything(table, section.starts, section.word)
 
 
 @settings(max_examples=cases(150), deadline=None, suppress_health_check=FIXTURES)
@@ -104,12 +125,16 @@ def test_corrupted_sections(
     mutated = bytearray(section.data)
     for where, value in flips:
         mutated[min(int(where * len(mutated)), len(mutated) - 1)] = value
-    use_everything(section.table(bytes(mutated)), section.starts)
+    use_everything(section.table(bytes(mutated)), section.starts, section.word)
 
 
 def a_real_fde(sections: list[Section]) -> FdeEntry:
     section = sections[0]
-    return parse_section(section.data, section.address, section.name == ".eh_frame").fdes[0]
+    eh_frame = section.name == ".eh_frame"
+    found = parse_section(
+        section.data, section.address, eh_frame, section.address_size, section.word
+    )
+    return found.fdes[0]
 
 
 @settings(max_examples=cases(300), deadline=None, suppress_health_check=FIXTURES)
@@ -124,7 +149,7 @@ def test_random_cfa_programs(
     fde = dataclasses.replace(fde, cie=cie, instructions=fde_program)
     with contextlib.suppress(BadCfi):
         compile_fde(fde)
-    use_everything(CfiTable([fde]), [fde.start, fde.start + 3])
+    use_everything(CfiTable([fde]), [fde.start, fde.start + 3], fde.cie.word)
 
 
 def test_cie_without_cfa_register(sections: list[Section]) -> None:
@@ -148,18 +173,30 @@ def test_random_expressions(block: bytes, base: int) -> None:
         evaluate(decode_expression(block), regs, MEMORY, (STACK,))
 
 
-@pytest.fixture(scope="module")
-def static_elf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_elf("cfi_chain.c", tmp_path_factory.mktemp("fuzz"), "-O2", "-g", "-static")
+@settings(max_examples=cases(300), deadline=None)
+@given(block=st.binary(max_size=32), base=st.integers(0, 2**32 - 1))
+@counted
+def test_random_i386_expressions(block: bytes, base: int) -> None:
+    """i386 register numbers, 4-byte addresses and words: a 32-bit value or our error."""
+    regs: list[int | None] = [(base + 4 * n) % 2**32 for n in range(REGISTER_COUNT)]
+    with contextlib.suppress(UnsupportedExpression, MemoryFault):
+        value = evaluate(decode_expression(block, 4, i386=True), regs, MEMORY, (STACK,), 4)
+        assert 0 <= value < 1 << 32
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def static_elf(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("fuzz")
+    if request.param == "i386":
+        return build_chain("O2-omit-fp", out)
+    return build_elf("cfi_chain.c", out, "-O2", "-g", "-static")
 
 
 @pytest.fixture(scope="module")
-def static_table(static_elf: Path) -> tuple[CfiTable, list[int]]:
-    with static_elf.open("rb") as stream:
-        section = ELFFile(stream).get_section_by_name(".eh_frame")
-        assert section is not None
-        starts = [f.start for f in parse_section(section.data(), section["sh_addr"], True).fdes]
-    return load_cfi(static_elf), starts
+def static_table(static_elf: Path) -> tuple[CfiTable, list[int], int]:
+    """The file's table, where its .eh_frame's FDEs start, and its word."""
+    (section,) = (s for s in sections_of(static_elf) if s.name == ".eh_frame")
+    return load_cfi(static_elf), section.starts, section.word
 
 
 @settings(max_examples=cases(200), deadline=None, suppress_health_check=FIXTURES)
@@ -173,13 +210,13 @@ def static_table(static_elf: Path) -> tuple[CfiTable, list[int]]:
 )
 @counted
 def test_random_stacks_with_real_cfi(
-    static_table: tuple[CfiTable, list[int]], stack: bytes, pc_index: int, depth: int
+    static_table: tuple[CfiTable, list[int], int], stack: bytes, pc_index: int, depth: int
 ) -> None:
-    table, starts = static_table
+    table, starts, word = static_table
     regs: list[int | None] = [STACK + 64] * REGISTER_COUNT
     regs[RIP] = starts[pc_index % len(starts)] + 1
     regs[RSP] = STACK
     memory = WindowMemory([MemoryWindow(STACK, stack)])
-    result = unwind(regs, memory, table, Strategy.AUTO, max_depth=depth)
+    result = unwind(regs, memory, table, Strategy.AUTO, max_depth=depth, word=word)
     assert 1 <= len(result.frames) <= depth
     assert isinstance(result.stop, StopReason)

@@ -4,6 +4,9 @@ Breaks once on every instruction of the functions named in $QMPPROF_FUNCTIONS of
 program in $QMPPROF_PROGRAM; at each stop records the registers, $QMPPROF_STACK_BYTES
 of stack above RSP and GDB's frames (pcs, leaf first), and writes them as JSON lines
 to $QMPPROF_OUTPUT.
+
+A 32-bit (i386) program's registers are recorded under the names a 32-bit vCPU's
+RegisterSet gives them (EAX as rax, ..., EIP as rip; no r8-r15), with "bits": 32.
 """
 
 import json
@@ -34,6 +37,18 @@ REGISTERS = (
     "r15",
     "rip",
 )
+#: An i386 inferior's registers, by the x86-64 name each is recorded under.
+I386_REGISTERS = {
+    "rax": "eax",
+    "rdx": "edx",
+    "rcx": "ecx",
+    "rbx": "ebx",
+    "rsi": "esi",
+    "rdi": "edi",
+    "rbp": "ebp",
+    "rsp": "esp",
+    "rip": "eip",
+}
 
 
 def instruction_addresses(function: str) -> list[int]:
@@ -59,14 +74,26 @@ def readable_prefix(address: int, size: int) -> bytes:
 
 def capture(stream: TextIO, stack_bytes: int) -> None:
     frame = gdb.newest_frame()
-    registers = {name: int(frame.read_register(name)) & (2**64 - 1) for name in REGISTERS}
+    if frame.architecture().name() == "i386":
+        names, bits = I386_REGISTERS, 32
+    else:
+        names, bits = {name: name for name in REGISTERS}, 64
+    registers = {
+        name: int(frame.read_register(theirs)) & (2**bits - 1) for name, theirs in names.items()
+    }
     base = registers["rsp"] - BELOW_RSP
     stack = readable_prefix(base, stack_bytes)
     pcs: list[int] = []
     while frame is not None and len(pcs) < 64:
         pcs.append(int(frame.pc()))
         frame = frame.older()
-    record = {"registers": registers, "stack_base": base, "stack": stack.hex(), "frames": pcs}
+    record = {
+        "registers": registers,
+        "stack_base": base,
+        "stack": stack.hex(),
+        "frames": pcs,
+        "bits": bits,
+    }
     # Where GDB sees `main` at run time: a position-independent program's load bias is
     # this minus main's address in the file.
     main_symbol = gdb.lookup_global_symbol("main")

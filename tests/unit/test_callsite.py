@@ -11,6 +11,7 @@ import pytest
 from qmpprof.symbols.image import load_code
 from qmpprof.unwind.callsite import follows_call
 from tests.unit.conftest import build_elf
+from tests.unit.i386_builds import build_chain
 
 _LINE = re.compile(r"^\s*([0-9a-f]+):\s+((?:[0-9a-f]{2} )+)\s*(\S+)")
 
@@ -56,3 +57,9 @@ def test_every_call_is_recognised_and_few_other_boundaries_are(tmp_path: Path) -
 def test_unknown_code_is_unknown(tmp_path: Path) -> None:
     code = load_code(build_elf("symbols.c", tmp_path, "-O2"))
     assert follows_call(code, 0xFFFF_FFFF_0000_0000) is None
+
+
+def test_every_call_of_an_i386_program_is_recognised(tmp_path: Path) -> None:
+    """32-bit code: the same call encodings (e8 rel32, ff /2 without REX; a 40-4f byte
+    before one is `inc`/`dec` there, not a prefix, and changes nothing)."""
+    check_calls(build_chain("O2-omit-fp", tmp_path), least=4)

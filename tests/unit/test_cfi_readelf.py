@@ -9,6 +9,9 @@ readelf does not show.
 Inside `make test`: a deterministic subset of real binaries' FDEs (every 16th, plus
 every FDE using an instruction other than the everyday ones). QMPPROF_ORACLE_FULL=1:
 every row of libc, libstdc++, gdb, qemu-system-x86_64 and python3.11 (figures printed).
+
+An i386 file's rows are named in readelf's i386 words (`I386`): our registers are
+numbered as x86-64's, so each is named by the i386 number it was translated from.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,8 +31,10 @@ from elftools.elf.elffile import ELFFile
 
 from qmpprof.errors import BadCfi
 from qmpprof.unwind import rules as r
+from qmpprof.unwind.cfi import elf_word
 from qmpprof.unwind.cfi_entries import FdeEntry, parse_section
 from qmpprof.unwind.cfi_program import compile_fde
+from qmpprof.unwind.numbering import I386_OTHER
 from tests.unit.conftest import build_elf
 
 #: readelf's x86-64 register names (binutils dwarf.c), index = DWARF number.
@@ -41,6 +47,44 @@ READELF_NAMES = (
     "rflags",
     *("es", "cs", "ss", "ds", "fs", "gs"),
 )
+#: readelf's i386 register names (binutils dwarf.c), index = i386 DWARF number; None
+#: where it has none (it prints `rN`).
+READELF_I386_NAMES = (
+    *("eax", "ecx", "edx", "ebx", "esp", "ebp", "esi", "edi", "eip", "eflags", None),
+    *(f"st{n}" for n in range(8)),
+    None,
+    None,
+    *(f"xmm{n}" for n in range(8)),
+    *(f"mm{n}" for n in range(8)),
+    *("fcw", "fsw", "mxcsr", "es", "cs", "ss", "ds", "fs", "gs", None, None, "tr", "ldtr"),
+)
+#: The i386 DWARF number of each of our (x86-64) numbers an i386 register becomes.
+_I386_NUMBERS = {0: 0, 2: 1, 1: 2, 3: 3, 7: 4, 6: 5, 4: 6, 5: 7, r.RIP: 8}
+
+
+@dataclass(frozen=True)
+class Naming:
+    """How readelf names the registers of one architecture, from our numbers."""
+
+    names: tuple[str | None, ...]  # by the file's own DWARF numbers
+    number: Callable[[int], int]  # our number -> the file's DWARF number
+
+    def name(self, register: int, return_column: int = -1) -> str:
+        if register == return_column:
+            return "ra"
+        number = self.number(register)
+        name = self.names[number] if 0 <= number < len(self.names) else None
+        return name or f"r{number}"
+
+
+def _i386_number(register: int) -> int:
+    if register >= I386_OTHER:
+        return register - I386_OTHER
+    return _I386_NUMBERS.get(register, -1)
+
+
+X86_64 = Naming(READELF_NAMES, lambda register: register)
+I386 = Naming(READELF_I386_NAMES, _i386_number)
 LIBS = Path("/usr/lib/x86_64-linux-gnu")
 SUBSET_BINARIES = (LIBS / "libc.so.6", LIBS / "libstdc++.so.6")
 FULL_BINARIES = (
@@ -65,7 +109,7 @@ _HEADER = re.compile(
     r"(CIE|FDE cie=([0-9a-f]+) pc=([0-9a-f]+)\.\.([0-9a-f]+))"
 )
 _SECTION = re.compile(r"^Contents of the (\S+) section")
-_ROW = re.compile(r"^[0-9a-f]{16} ")
+_ROW = re.compile(r"^(?:[0-9a-f]{16}|[0-9a-f]{8}) ")  # 64- and 32-bit files' locations
 
 
 @dataclass
@@ -94,6 +138,7 @@ def readelf_entries(elf: Path) -> list[ReadelfEntry]:
     """Every CIE and FDE of `elf` with the table readelf interprets for it."""
     entries: list[ReadelfEntry] = []
     section = ""
+    in_table = False  # rows follow a LOC line up to the next blank line
     for line in readelf(elf, "--debug-dump=frames-interp").splitlines():
         if (heading := _SECTION.match(line)) is not None:
             section = heading.group(1).rstrip(":")
@@ -101,7 +146,10 @@ def readelf_entries(elf: Path) -> list[ReadelfEntry]:
             entries.append(_entry(section, header))
         elif line.strip().startswith("LOC") and entries:
             entries[-1].columns = line.split()[1:]
-        elif _ROW.match(line) and entries and entries[-1].columns:
+            in_table = True
+        elif not line.strip():
+            in_table = False
+        elif in_table and _ROW.match(line) and entries and entries[-1].columns:
             cells = _cells(line)
             entries[-1].rows.append(
                 (int(cells[0], 16), dict(zip(entries[-1].columns, cells[1:], strict=True)))
@@ -156,19 +204,23 @@ def expected_rows(fde: ReadelfEntry, cies: dict[tuple[str, int], ReadelfEntry]) 
     return fde
 
 
-def register_name(number: int, return_column: int) -> str:
-    if number == return_column:
-        return "ra"
-    return READELF_NAMES[number] if number < len(READELF_NAMES) else f"r{number}"
+def naming_of(elf: Path) -> Naming:
+    """readelf's register names for the CFI of `elf`."""
+    with elf.open("rb") as stream:
+        return I386 if elf_word(ELFFile(stream)) == 4 else X86_64
 
 
-def describe_cfa(rule: r.CfaRule) -> str:
+def register_name(number: int, return_column: int, naming: Naming = X86_64) -> str:
+    return naming.name(number, return_column)
+
+
+def describe_cfa(rule: r.CfaRule, naming: Naming = X86_64) -> str:
     if rule.expression is not None:
         return "exp"
-    return f"{register_name(rule.register, -1)}{rule.offset:+d}"
+    return f"{register_name(rule.register, -1, naming)}{rule.offset:+d}"
 
 
-def describe_rule(rule: r.RegisterRule | None) -> str:
+def describe_rule(rule: r.RegisterRule | None, naming: Naming = X86_64) -> str:
     match rule:
         case None | r.Undefined():
             return "u"
@@ -179,7 +231,7 @@ def describe_rule(rule: r.RegisterRule | None) -> str:
         case r.ValueAt(offset=offset):
             return f"v{offset:+d}"
         case r.InRegister(register=register):
-            return f"r{register} ({register_name(register, -1)})"
+            return f"r{naming.number(register)} ({register_name(register, -1, naming)})"
         case r.SavedAtExpression():
             return "exp"
         case r.ValueOfExpression():
@@ -187,16 +239,16 @@ def describe_rule(rule: r.RegisterRule | None) -> str:
     return f"?{rule}"
 
 
-def describe_row(row: r.UnwindRow, columns: list[str]) -> dict[str, str]:
+def describe_row(row: r.UnwindRow, columns: list[str], naming: Naming = X86_64) -> dict[str, str]:
     """Our row in readelf's words, for readelf's columns (and any rule it lacks)."""
-    rules = {register_name(n, row.return_column): rule for n, rule in row.rules}
-    cells = {"CFA": describe_cfa(row.cfa)}
+    rules = {register_name(n, row.return_column, naming): rule for n, rule in row.rules}
+    cells = {"CFA": describe_cfa(row.cfa, naming)}
     cells.update(
-        {column: describe_rule(rules.get(column)) for column in columns if column != "CFA"}
+        {column: describe_rule(rules.get(column), naming) for column in columns if column != "CFA"}
     )
     cells.update(
         {
-            name: f"extra {describe_rule(rule)}"
+            name: f"extra {describe_rule(rule, naming)}"
             for name, rule in rules.items()
             if name not in columns
         }
@@ -209,11 +261,13 @@ def our_fdes(elf: Path) -> dict[tuple[str, int, int], FdeEntry]:
     found: dict[tuple[str, int, int], FdeEntry] = {}
     with elf.open("rb") as stream:
         file = ELFFile(stream)
+        address_size, word = file.elfclass // 8, elf_word(file)
         for name in (".eh_frame", ".debug_frame"):
             section = file.get_section_by_name(name)
             if section is None:
                 continue
-            entries = parse_section(section.data(), section["sh_addr"], name == ".eh_frame")
+            data, address = section.data(), section["sh_addr"]
+            entries = parse_section(data, address, name == ".eh_frame", address_size, word)
             assert not entries.problems, entries.problems
             found.update({(name, fde.start, fde.end): fde for fde in entries.fdes})
     return found
@@ -237,6 +291,7 @@ def compare(elf: Path, select: bool) -> Comparison:
             f for i, f in enumerate(fdes) if i % SUBSET_STRIDE == 0 or f.instructions - EVERYDAY
         ]
     ours = our_fdes(elf)
+    naming = naming_of(elf)
     result = Comparison()
     for fde in fdes:
         result.fdes += 1
@@ -244,11 +299,13 @@ def compare(elf: Path, select: bool) -> Comparison:
         if entry is None:
             result.mismatches.append(f"{fde.section} FDE {fde.start:#x}: we have no such FDE")
             continue
-        compare_fde(expected_rows(fde, cies), entry, result)
+        compare_fde(expected_rows(fde, cies), entry, result, naming)
     return result
 
 
-def compare_fde(fde: ReadelfEntry, entry: FdeEntry, result: Comparison) -> None:
+def compare_fde(
+    fde: ReadelfEntry, entry: FdeEntry, result: Comparison, naming: Naming = X86_64
+) -> None:
     try:
         starts, rows = compile_fde(entry)
     except BadCfi as err:
@@ -257,7 +314,7 @@ def compare_fde(fde: ReadelfEntry, entry: FdeEntry, result: Comparison) -> None:
     for location, cells in fde.rows:
         result.rows += 1
         index = bisect.bisect_right(starts, location) - 1
-        ours = describe_row(rows[index], fde.columns) if index >= 0 else {}
+        ours = describe_row(rows[index], fde.columns, naming) if index >= 0 else {}
         if ours != cells:
             result.mismatches.append(f"{fde.section} {location:#x}: readelf {cells}, ours {ours}")
 

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from qmpprof.errors import UnsupportedExpression
 from qmpprof.memory import WindowMemory
+from qmpprof.model import MemoryWindow
 from qmpprof.unwind import rules as r
 from qmpprof.unwind.cfi import load_cfi
-from qmpprof.unwind.dwarf_expr import Op, evaluate
+from qmpprof.unwind.dwarf_expr import Op, decode_expression, evaluate
 from tests.unit.conftest import build_elf
 from tests.unit.test_cfi_readelf import describe_row, expected_rows, readelf_entries
 
@@ -81,3 +83,82 @@ def test_expression_operations() -> None:
         Op("DW_OP_lit9", ()),
     )
     assert evaluate(branch, regs, memory) == 9
+
+
+# -- i386: 4-byte words, i386 register numbers ------------------------------------------
+
+
+def test_i386_rules_read_4_byte_slots_and_wrap_at_4_gib() -> None:
+    stack = 0xFFFF_FFF0
+    memory = WindowMemory([MemoryWindow(stack, bytes(range(1, 17)))])
+    regs: list[int | None] = [None] * r.REGISTER_COUNT
+    regs[r.RSP] = stack
+    assert r.SavedAt(4, word=4).recover(stack, regs, memory) == 0x0807_0605
+    assert r.SavedAt(4).recover(stack, regs, memory) == 0x0C0B_0A09_0807_0605
+    assert r.CfaRule(r.RSP, 0x20, word=4).compute(regs, memory) == 0x10
+    assert r.CfaRule(r.RSP, 0x20).compute(regs, memory) == stack + 0x20
+    assert r.ValueAt(0x14, word=4).recover(stack, regs, memory) == 0x4
+    # A slot at CFA - 4 with the CFA wrapped to 0 is the stack's last word.
+    assert r.SavedAt(-4, word=4).recover(0, regs, memory) == 0x100F_0E0D
+
+
+def test_an_i386_row_keeps_i386_callee_saved_registers() -> None:
+    regs: list[int | None] = list(range(100, 100 + r.REGISTER_COUNT))
+    memory = WindowMemory([MemoryWindow(200, bytes(8))])
+    row = r.UnwindRow(r.CfaRule(r.RSP, 4, word=4), ((r.RIP, r.SavedAt(-4, 4)),), word=4)
+    regs[r.RSP] = 200
+    caller = row.caller_registers(regs, memory)
+    kept = {n for n, value in enumerate(caller) if value is not None}
+    assert kept == {3, 4, 5, 6, r.RSP, r.RIP}  # ebx esi edi ebp, esp = CFA, eip
+    wide = r.UnwindRow(r.CfaRule(r.RSP, 8), ((r.RIP, r.SavedAt(-8)),))
+    kept = {n for n, value in enumerate(wide.caller_registers(regs, memory)) if value is not None}
+    assert kept == {3, 6, 12, 13, 14, 15, r.RSP, r.RIP}
+
+
+def test_i386_expressions_are_renumbered_when_decoded() -> None:
+    # DW_OP_breg4 (esp) 4; DW_OP_breg5 (ebp) -8; DW_OP_plus; DW_OP_breg8 (eip) 0; DW_OP_plus
+    block = bytes([0x74, 4, 0x75, 0x78, 0x22, 0x78, 0, 0x22])
+    ops = decode_expression(block, 4, i386=True)
+    assert [op.name for op in ops] == [
+        "DW_OP_breg7",
+        "DW_OP_breg6",
+        "DW_OP_plus",
+        "DW_OP_breg16",
+        "DW_OP_plus",
+    ]
+    assert decode_expression(block)[0].name == "DW_OP_breg4"  # x86-64's rsi, as before
+    # DW_OP_bregx 1 (ecx) 0; DW_OP_regx 3 (ebx)
+    assert decode_expression(bytes([0x92, 1, 0, 0x90, 3]), 4, i386=True) == (
+        Op("DW_OP_bregx", (2, 0)),
+        Op("DW_OP_regx", (3,)),
+    )
+
+
+def test_i386_registers_without_an_x86_64_twin_are_refused_when_evaluated() -> None:
+    regs: list[int | None] = [0x1000] * r.REGISTER_COUNT
+    memory = WindowMemory([])
+    for block in (bytes([0x79, 0]), bytes([0x92, 9, 0])):  # DW_OP_breg9/bregx 9: eflags
+        ops = decode_expression(block, 4, i386=True)
+        with pytest.raises(UnsupportedExpression):
+            evaluate(ops, regs, memory, (), 4)
+
+
+def test_i386_expressions_compute_in_32_bits() -> None:
+    memory = WindowMemory([MemoryWindow(0x1000, bytes(range(16)))])
+    regs: list[int | None] = [None] * r.REGISTER_COUNT
+    regs[r.RSP] = 0xFFFF_FFF0
+    # DW_OP_breg7 0x20 wraps; DW_OP_const4u 0x1000, DW_OP_deref reads 4 bytes
+    assert evaluate((Op("DW_OP_breg7", (0x20,)),), regs, memory, (), 4) == 0x10
+    deref = (Op("DW_OP_const4u", (0x1004,)), Op("DW_OP_deref"))
+    assert evaluate(deref, regs, memory, (), 4) == 0x0706_0504
+    assert evaluate(deref, regs, memory) == 0x0B0A_0908_0706_0504
+    # Signed comparisons of 32-bit values: 0xFFFFFFFF is -1 < 1.
+    less = (Op("DW_OP_const4u", (0xFFFF_FFFF,)), Op("DW_OP_lit1"), Op("DW_OP_lt"))
+    assert evaluate(less, regs, memory, (), 4) == 1
+    assert evaluate(less, regs, memory) == 0
+    negate = (Op("DW_OP_lit1"), Op("DW_OP_neg"))
+    assert evaluate(negate, regs, memory, (), 4) == 0xFFFF_FFFF
+    # DW_OP_addr's operand is an address of the file's size.
+    assert decode_expression(bytes([0x03, 0x78, 0x56, 0x34, 0x12]), 4) == (
+        Op("DW_OP_addr", (0x1234_5678,)),
+    )
