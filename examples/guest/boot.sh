@@ -3,13 +3,15 @@
 #
 #   boot.sh --qmp SOCKET [--gdb SOCKET] [--smp N] [--accel tcg[,thread=single|multi]|kvm|auto]
 #           [--serial LOG] [--variant fp] [--memory-backend PATH] [--timeout SEC]
-#           [--workload kernel|user] [--extra-qmp SOCKET]
+#           [--workload kernel|user|compat] [--extra-qmp SOCKET]
+#           [--arch x86_64|i386] [--paging 2level|pae] [--qemu-binary QEMU]
 #   boot.sh stop PID
 #
 # On success prints, one per line on stdout:
 #   pid=<QEMU pid> kernel=<abs path of kernel.elf> qmp=<socket> gdb=<socket or empty>
 #   serial=<log> accel=<tcg|kvm> user_dir=<abs path of build/VARIANT/user>
-# Everything else (make output, diagnostics) goes to stderr.
+# (--arch i386: build/i386-VARIANT/...). Everything else (make output,
+# diagnostics) goes to stderr.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -25,7 +27,7 @@ die() {
 }
 
 usage() {   # usage EXIT_CODE
-    sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit "$1"
 }
 
@@ -64,6 +66,7 @@ if [[ ${1:-} == stop ]]; then
 fi
 
 qmp='' extra_qmp='' gdb='' smp=1 accel=auto serial='' variant=fp membackend='' timeout=30 workload=kernel
+arch=x86_64 paging=''
 while [[ $# -gt 0 ]]; do
     case $1 in
         --qmp) qmp=${2:?--qmp needs a value}; shift 2 ;;
@@ -76,6 +79,9 @@ while [[ $# -gt 0 ]]; do
         --memory-backend) membackend=${2:?--memory-backend needs a value}; shift 2 ;;
         --timeout) timeout=${2:?--timeout needs a value}; shift 2 ;;
         --workload) workload=${2:?--workload needs a value}; shift 2 ;;
+        --arch) arch=${2:?--arch needs a value}; shift 2 ;;
+        --paging) paging=${2:?--paging needs a value}; shift 2 ;;
+        --qemu-binary) QEMU=${2:?--qemu-binary needs a value}; shift 2 ;;
         -h|--help) usage 0 ;;
         *) echo "boot.sh: unknown argument '$1'" >&2; usage 2 ;;
     esac
@@ -85,7 +91,15 @@ done
 [[ $timeout =~ ^[1-9][0-9]*$ ]] || die "--timeout must be a positive integer (seconds)"
 [[ $variant =~ ^[A-Za-z0-9_]+$ ]] || die "bad --variant '$variant'"
 case $accel in tcg|tcg,thread=single|tcg,thread=multi|kvm|auto) ;; *) die "--accel must be tcg, tcg,thread=single, tcg,thread=multi, kvm or auto" ;; esac
-case $workload in kernel|user) ;; *) die "--workload must be kernel or user" ;; esac
+case $workload in kernel|user|compat) ;; *) die "--workload must be kernel, user or compat" ;; esac
+case $arch in x86_64|i386) ;; *) die "--arch must be x86_64 or i386" ;; esac
+# compat: a 32-bit process in compatibility mode under the 64-bit kernel
+[[ $workload == compat && $arch != x86_64 ]] && die "--workload compat is for --arch x86_64 only"
+if [[ $arch == i386 ]]; then
+    case ${paging:=2level} in 2level|pae) ;; *) die "--paging must be 2level or pae" ;; esac
+elif [[ -n $paging ]]; then
+    die "--paging is for --arch i386 only (x86_64 runs in long mode)"
+fi
 command -v "$QEMU" >/dev/null || die "$QEMU not found"
 
 qmp=$(realpath -m -- "$qmp")
@@ -98,11 +112,20 @@ serial=$(realpath -m -- "$serial")
 
 # ---- build (serialized: several boot.sh may run at once) ----
 mkdir -p "$HERE/build"
-flock "$HERE/build/.make.lock" make -s -C "$HERE" VARIANT="$variant" >&2 ||
-    die "build of variant '$variant' failed"
-kernel_elf="$HERE/build/$variant/kernel.elf"
-kernel_boot="$HERE/build/$variant/kernel.boot"
-user_dir="$HERE/build/$variant/user"
+if [[ $arch == x86_64 ]]; then
+    flock "$HERE/build/.make.lock" make -s -C "$HERE" ARCH=x86_64 VARIANT="$variant" >&2 ||
+        die "build of variant '$variant' failed"
+    kernel_elf="$HERE/build/$variant/kernel.elf"
+    kernel_boot="$HERE/build/$variant/kernel.boot"
+    user_dir="$HERE/build/$variant/user"
+else
+    # i386: kernel.elf (ELF32 multiboot) is the boot image itself.
+    flock "$HERE/build/.make.lock" make -s -C "$HERE" ARCH=i386 VARIANT="$variant" >&2 ||
+        die "build of variant '$variant' (i386) failed"
+    kernel_elf="$HERE/build/i386-$variant/kernel.elf"
+    kernel_boot=$kernel_elf
+    user_dir="$HERE/build/i386-$variant/user"
+fi
 [[ -f $kernel_elf && -f $kernel_boot ]] || die "build did not produce $kernel_elf"
 
 tmpdir=$(mktemp -d "${TMPDIR:-/tmp}/qmpprof-guest.XXXXXX")
@@ -209,9 +232,12 @@ if [[ $accel == auto ]]; then
     if probe_kvm; then accel=kvm; else accel=tcg; fi
 fi
 
-# The workload is chosen on the multiboot command line (the KVM probe above
-# always runs the default kernel workload: it only measures the accelerator).
-args=(-smp "$smp" -append "workload=$workload" -qmp "unix:$qmp,server=on,wait=off")
+# The workload (and for i386 the paging mode) is chosen on the multiboot
+# command line (the KVM probe above always runs the default kernel workload
+# and paging mode: it only measures the accelerator).
+cmdline="workload=$workload"
+[[ $arch == i386 ]] && cmdline+=" paging=$paging"
+args=(-smp "$smp" -append "$cmdline" -qmp "unix:$qmp,server=on,wait=off")
 # A second QMP monitor: another client (a debugger, libvirt, a test) next to qmpprof.
 [[ -n $extra_qmp ]] && args+=(-qmp "unix:$(realpath -m -- "$extra_qmp"),server=on,wait=off")
 [[ -n $gdb ]] && args+=(-gdb "unix:$gdb,server=on,wait=off")

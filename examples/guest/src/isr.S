@@ -130,15 +130,35 @@
  * TSS.RSP0 (the process's kernel stack) and pushed the user SS, RSP, RFLAGS,
  * CS, RIP, so the unwinder goes syscall_dispatch -> syscall_entry -> the user
  * function that executed `int $0x80` (RIP = the instruction after it).
+ *
+ * A 32-bit process in compatibility mode (workload=compat) reaches the same
+ * gate the same way (the CPU enters 64-bit mode and pushes the same 64-bit
+ * frame); the CS it pushed is then USER32_CS (L=0) instead of USER_CS, and
+ * the call follows the i386 ABI: number in eax, arguments in ebx and ecx
+ * (zero-extended), 64-bit result in edx:eax; every other register is
+ * preserved. The same syscall_dispatch chain below, one exit: the iretq goes
+ * back to compatibility mode with that CS.
  */
     STUB_START syscall_entry
     ENTER_C
+    cmpq $USER32_CS, 16(%rbp)        /* the caller's CS, from the CPU's frame */
+    je 1f
     movq %rsi, %rdx                  /* syscall_dispatch(nr, a1, a2) */
     movq %rdi, %rsi
     movq %rax, %rdi
     call syscall_dispatch
     movq %rax, -8(%rbp)              /* result replaces the saved rax */
-    LEAVE_C_AND_IRET
+    jmp 2f
+1:  movl %ecx, %edx                  /* compat: syscall_dispatch(eax, ebx, ecx) */
+    movl %ebx, %esi
+    movl %eax, %edi
+    call syscall_dispatch
+    movq %rax, %rdx
+    shrq $32, %rdx
+    movq %rdx, -24(%rbp)             /* high half replaces the saved rdx */
+    movl %eax, %eax
+    movq %rax, -8(%rbp)              /* low half replaces the saved rax */
+2:  LEAVE_C_AND_IRET
     STUB_END syscall_entry
 
 /* ------------------------------------------------------------------ */

@@ -10,7 +10,8 @@ struct multiboot_info {
 };
 
 /* Workload selected on the multiboot command line (QEMU: -append
- * "workload=user"; QEMU passes "<kernel file> <append string>").
+ * "workload=user", x86-64 also "workload=compat"; QEMU passes "<kernel file>
+ * <append string>").
  * Default: the kernel workload (workload.c). */
 enum workload_kind boot_workload = WORKLOAD_KERNEL;
 char boot_cmdline[256];
@@ -44,6 +45,10 @@ static void parse_cmdline(const struct multiboot_info *mbi)
         if (len > 9 && token_is(t, 9, "workload=")) {
             if (token_is(t + 9, len - 9, "user"))
                 boot_workload = WORKLOAD_USER;
+#ifndef __i386__
+            else if (token_is(t + 9, len - 9, "compat"))
+                boot_workload = WORKLOAD_COMPAT;
+#endif
             else if (token_is(t + 9, len - 9, "kernel"))
                 boot_workload = WORKLOAD_KERNEL;
             else
@@ -70,8 +75,11 @@ void kernel_main(void)
         kprintf("qmpprof-guest: not started by multiboot (eax=%x)\n",
                 boot_multiboot_magic);
     }
+#ifdef __i386__
+    paging_report();                    /* "qmpprof-guest: paging 2level|pae" */
+#endif
 
-    if (boot_workload == WORKLOAD_USER)
+    if (boot_workload == WORKLOAD_USER || boot_workload == WORKLOAD_COMPAT)
         user_workload_main();           /* never returns */
 
     idt_init();

@@ -38,13 +38,13 @@ enum proc_state {
 struct process {
     int pid;                        /* 1, 2, 3, ...; 0 = unused slot */
     char name[16];                  /* NUL-terminated, e.g. "crunch" */
-    uint64_t cr3;                   /* physical address of its PML4 */
+    uintptr_t cr3;                  /* physical address of its PML4 (i386: page directory / PDPT) */
     enum proc_state state;
     int cpu;                        /* CPU it runs / last ran on, -1 = never ran */
-    uint64_t entry;                 /* ELF entry point (_start) */
-    uint64_t user_stack_top;
-    uint64_t kstack_top;            /* TSS.RSP0 while it runs */
-    uint64_t ksp;                   /* saved kernel rsp while switched out */
+    uintptr_t entry;                /* ELF entry point (_start) */
+    uintptr_t user_stack_top;
+    uintptr_t kstack_top;           /* TSS.RSP0 (i386: ESP0) while it runs */
+    uintptr_t ksp;                  /* saved kernel rsp while switched out */
     uint64_t wake_tick;             /* PROC_SLEEPING: wake when timer_ticks >= this */
     uint64_t run_tsc;               /* TSC cycles run (switched in) so far */
     uint64_t run_start;             /* TSC at the last switch-in */
@@ -63,6 +63,7 @@ extern volatile uint32_t procs_started;     /* processes switched in at least on
 extern uint32_t nproc_created;
 
 /* ---- CPUs ---- */
+#ifndef __i386__
 struct tss64 {
     uint32_t reserved0;
     uint64_t rsp0, rsp1, rsp2;
@@ -72,24 +73,46 @@ struct tss64 {
     uint16_t reserved3;
     uint16_t iomap_base;
 } __attribute__((packed));
+#define tss_set_sp0(c, sp) ((c)->tss.rsp0 = (sp))
+#else
+struct tss32 {
+    uint16_t link, reserved0;
+    uint32_t esp0;                  /* kernel stack for interrupts from ring 3 */
+    uint16_t ss0, reserved1;
+    uint32_t esp1;
+    uint16_t ss1, reserved2;
+    uint32_t esp2;
+    uint16_t ss2, reserved3;
+    uint32_t cr3, eip, eflags, eax, ecx, edx, ebx, esp, ebp, esi, edi;
+    uint16_t es, r_es, cs, r_cs, ss, r_ss, ds, r_ds, fs, r_fs, gs, r_gs, ldt, r_ldt;
+    uint16_t trap;
+    uint16_t iomap_base;
+} __attribute__((packed));
+#define tss_set_sp0(c, sp) ((c)->tss.esp0 = (sp))
+#endif
 
 struct cpu {
     uint32_t id;                    /* LAPIC ID = index in cpus[]; first member: %gs:0 */
     volatile uint32_t online;
-    uint64_t idle_ksp;              /* saved rsp of the idle context (kernel_stacks[id]) */
+    uintptr_t idle_ksp;             /* saved rsp of the idle context (kernel_stacks[id]) */
     volatile uint64_t ticks;        /* LAPIC timer interrupts on this CPU */
     volatile uint64_t tick_tsc;     /* TSC at the last one */
     uint64_t idle_tsc;              /* TSC cycles in the idle context (before idle_start) */
     uint64_t idle_start;            /* TSC when the idle context was last switched in */
     uint64_t gdt[8] __attribute__((aligned(16)));
+#ifndef __i386__
     struct tss64 tss __attribute__((aligned(16)));
+#else
+    struct tss32 tss __attribute__((aligned(16)));
+#endif
 };
 
 extern struct cpu cpus[MAX_CPUS];
 extern uint32_t ncpus;                      /* CPUs in use (user workload) */
 extern volatile uint32_t sched_running;     /* LAPIC timer + scheduler active */
 extern uint64_t tsc_per_ms;
-extern uint64_t kernel_cr3;                 /* physical address of kernel_pml4 */
+extern uintptr_t kernel_cr3;                /* physical address of kernel_pml4 (i386: of
+                                               kernel_pgdir or kernel_pdpt) */
 
 /* ---- mm.c ---- */
 #define PAGE_SIZE   4096ULL
@@ -100,8 +123,8 @@ extern uint64_t kernel_cr3;                 /* physical address of kernel_pml4 *
 #define PTE_PCD     0x010ULL
 #define PTE_PS      0x080ULL
 #define PTE_ADDR    0x000ffffffffff000ULL
-#define PHYS_TO_VIRT(p) ((void *)((uint64_t)(p) + KERNEL_VMA))
-#define VIRT_TO_PHYS(v) ((uint64_t)(v) - KERNEL_VMA)
+#define PHYS_TO_VIRT(p) ((void *)((uintptr_t)(p) + KERNEL_VMA))
+#define VIRT_TO_PHYS(v) ((uintptr_t)(v) - KERNEL_VMA)
 
 void mm_init(uint64_t mem_end);
 uint64_t alloc_page(void);                  /* zeroed 4 KiB page, physical address */
@@ -109,7 +132,8 @@ uint64_t new_address_space(void);           /* PML4 sharing the kernel half */
 void map_page(uint64_t pml4, uint64_t va, uint64_t pa, uint64_t flags);
 uint64_t user_page_phys(uint64_t pml4, uint64_t va); /* 0 if not mapped */
 void map_lapic(void);
-uint64_t ap_boot_pml4(void);                /* kernel half + identity map of 0..1 GiB */
+uint64_t ap_boot_pml4(void);                /* kernel half + identity map of 0..1 GiB
+                                               (i386: a page directory / PDPT, see i386/mm.c) */
 
 /* ---- smp.c ---- */
 uint32_t lapic_id(void);
@@ -134,7 +158,7 @@ void sched_make_runnable(struct process *p);
 uint64_t sys_sleep(uint64_t ticks);
 uint64_t sys_yield(void);
 void sys_exit(uint64_t code) __attribute__((noreturn));
-void switch_context(uint64_t *save_ksp, uint64_t new_ksp, uint64_t new_cr3,
+void switch_context(uintptr_t *save_ksp, uintptr_t new_ksp, uintptr_t new_cr3,
                     volatile uint32_t *prev_on_cpu);
 void proc_start_user(void);                 /* isr.S: first return to ring 3 */
 
@@ -154,7 +178,9 @@ extern spinlock_t console_lock;
  * (cpu_init; the kernel never loads %gs and the user programs do not touch
  * it), so this is one memory load, not an LAPIC MMIO read (which would take
  * QEMU's global lock). volatile: a process can continue on another CPU after
- * schedule(). */
+ * schedule(). (i386: %gs = PERCPU_SEL, a DPL-3 data segment of the CPU's own
+ * GDT with base &cpus[id], loaded once by cpu_init; DPL 3 so that an iret to
+ * ring 3 keeps it, its page is still supervisor-only.) */
 static inline __attribute__((always_inline)) uint32_t cpu_id(void)
 {
     uint32_t id;

@@ -24,7 +24,7 @@ struct process process_table[NPROC];
 struct process *cpu_current[NCPU];
 volatile uint32_t procs_started;
 volatile uint32_t sched_running;
-uint64_t kernel_cr3;
+uintptr_t kernel_cr3;
 spinlock_t console_lock;
 /* Number of context switches (all CPUs). */
 volatile uint64_t sched_switches;
@@ -93,7 +93,7 @@ CHAIN_FN void switch_to(struct cpu *c, struct process *prev, struct process *nex
         next->info->run_tsc = next->run_tsc;
         next->info->run_start = next->run_start;
         next->info->seq = next->info->seq + 1;
-        c->tss.rsp0 = next->kstack_top;
+        tss_set_sp0(c, next->kstack_top);
     } else {
         c->idle_start = now;
     }

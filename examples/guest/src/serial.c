@@ -42,7 +42,8 @@ static void put_uint(uint64_t v, unsigned base, int width, char pad)
         serial_putc(buf[--n]);
 }
 
-/* Supports %s %c %d %u %x %p %% with optional zero pad / width and l/ll. */
+/* Supports %s %c %d %u %x %p %% with optional zero pad / width and l/ll.
+ * l and ll mean a 64-bit argument, on i386 too (uint64_t / int64_t). */
 void kprintf(const char *fmt, ...)
 {
     va_list ap;
@@ -91,7 +92,7 @@ void kprintf(const char *fmt, ...)
             break;
         case 'p':
             serial_puts("0x");
-            put_uint((uint64_t)(uintptr_t)va_arg(ap, void *), 16, 16, '0');
+            put_uint((uint64_t)(uintptr_t)va_arg(ap, void *), 16, 2 * (int)sizeof(void *), '0');
             break;
         case '%':
             serial_putc('%');

@@ -5,7 +5,8 @@
  * cpu_current[i] / cpus[i] describe QEMU's CPU #i. The number of CPUs comes
  * from QEMU's fw_cfg (FW_CFG_NB_CPUS).
  *
- * Every CPU gets its own GDT (kernel code/data, user data/code, its TSS) and
+ * Every CPU gets its own GDT (kernel code/data, user data/code, its TSS;
+ * x86-64 also a 32-bit user code segment for compatibility mode) and
  * TSS (RSP0 = kernel stack of the process it runs, set on every switch), and
  * its own LAPIC timer at TIMER_HZ on TIMER_VECTOR (0x20, the same stub and C
  * handler as the PIT in the kernel workload). The LAPIC timer and the TSC are
@@ -87,11 +88,60 @@ uint32_t fw_cfg_cpu_count(void)
     return n ? n : 1;
 }
 
+#ifdef __i386__
+/* A legacy segment descriptor (base, 20-bit limit, access byte, flags nibble). */
+static uint64_t gdt_desc(uint32_t base, uint32_t limit, uint32_t access, uint32_t flags)
+{
+    return (limit & 0xffff) | ((uint64_t)(base & 0xffffff) << 16) | ((uint64_t)access << 40) |
+           ((uint64_t)((limit >> 16) & 0xf) << 48) | ((uint64_t)flags << 52) |
+           ((uint64_t)(base >> 24) << 56);
+}
+#endif
+
 /* GDT + TSS + IDT + LAPIC of the calling CPU (id = its LAPIC ID). */
 void cpu_init(uint32_t id)
 {
     struct cpu *c = &cpus[id];
     c->id = id;
+#ifdef __i386__
+    /* i386: 0x08/0x10 kernel code/data, 0x18/0x20 user data/code (flat, 4 GiB),
+     * 0x28 this CPU's TSS, 0x30 the per-CPU segment for %gs (base &cpus[id],
+     * DPL 3 so that an iret to ring 3 keeps %gs loaded; its page is
+     * supervisor-only). The kernel runs with %ds = %es = USER_DS (flat, as
+     * Linux/i386 did), which an iret to ring 3 keeps too, so the interrupt
+     * stubs never reload data segments. */
+    c->gdt[0] = 0;
+    c->gdt[1] = 0x00cf9a000000ffffULL;  /* 0x08 kernel code, 32-bit */
+    c->gdt[2] = 0x00cf92000000ffffULL;  /* 0x10 kernel data */
+    c->gdt[3] = 0x00cff2000000ffffULL;  /* 0x18 user data, DPL 3 */
+    c->gdt[4] = 0x00cffa000000ffffULL;  /* 0x20 user code, 32-bit, DPL 3 */
+    c->gdt[5] = gdt_desc((uint32_t)&c->tss, sizeof(struct tss32) - 1, 0x89, 0); /* 32-bit TSS */
+    c->gdt[6] = gdt_desc((uint32_t)c, sizeof(struct cpu) - 1, 0xf2, 0x4);      /* %gs, DPL 3 */
+    c->gdt[7] = 0;
+    c->tss.esp0 = (uintptr_t)kernel_stacks[id] + KERNEL_STACK_SIZE;
+    c->tss.ss0 = KERNEL_DS;
+    c->tss.iomap_base = sizeof(struct tss32);   /* no I/O bitmap: ring 3 has no port access */
+
+    struct {
+        uint16_t limit;
+        uint32_t base;
+    } __attribute__((packed)) p = { sizeof(c->gdt) - 1, (uint32_t)c->gdt };
+    __asm__ volatile("lgdt %0\n\t"
+                     "movl %1, %%eax\n\t"
+                     "movl %%eax, %%ds\n\t"
+                     "movl %%eax, %%es\n\t"
+                     "movl %2, %%eax\n\t"
+                     "movl %%eax, %%ss\n\t"
+                     "movl %3, %%eax\n\t"
+                     "movl %%eax, %%gs\n\t"
+                     "xorl %%eax, %%eax\n\t"
+                     "movl %%eax, %%fs\n\t"
+                     "ljmp %4, $1f\n"
+                     "1:\tltr %w5"
+                     : : "m"(p), "i"(USER_DS), "i"(KERNEL_DS), "i"(PERCPU_SEL), "i"(KERNEL_CS),
+                       "r"((uint16_t)TSS_SEL) : "eax", "memory");
+    idt_load();
+#else
     c->gdt[0] = 0;
     c->gdt[1] = 0x00af9a000000ffffULL;  /* 0x08 kernel code, 64-bit */
     c->gdt[2] = 0x00cf92000000ffffULL;  /* 0x10 kernel data */
@@ -102,25 +152,36 @@ void cpu_init(uint32_t id)
     c->gdt[5] = (limit & 0xffff) | ((base & 0xffffff) << 16) | (0x89ULL << 40) |
                 (((limit >> 16) & 0xf) << 48) | (((base >> 24) & 0xff) << 56);
     c->gdt[6] = base >> 32;             /* 0x28: 64-bit available TSS */
-    c->gdt[7] = 0;
+    c->gdt[7] = 0x00cffa000000ffffULL;  /* 0x38 user code, 32-bit (L=0, D=1), DPL 3:
+                                           compatibility mode (workload=compat) */
     c->tss.rsp0 = (uint64_t)kernel_stacks[id] + KERNEL_STACK_SIZE;
     c->tss.iomap_base = sizeof(struct tss64);   /* no I/O bitmap: ring 3 has no port access */
 
+    /* %ds/%es: KERNEL_DS, which the first iretq to ring 3 turns into a null
+     * selector (DPL 0 < CPL 3); 64-bit mode ignores them. Code in
+     * compatibility mode does not: its data accesses go through %ds/%es,
+     * and a null one faults. So with workload=compat every CPU runs with
+     * %ds = %es = USER_DS (flat 32-bit data, DPL 3, as %ss of ring 3 uses),
+     * which an iretq to ring 3 keeps and nothing else reloads. */
+    uint32_t data_sel = boot_workload == WORKLOAD_COMPAT ? USER_DS : KERNEL_DS;
     struct {
         uint16_t limit;
         uint64_t base;
     } __attribute__((packed)) p = { sizeof(c->gdt) - 1, (uint64_t)c->gdt };
     __asm__ volatile("lgdt %0\n\t"
                      "movl %1, %%eax\n\t"
+                     "movl %%eax, %%ss\n\t"
+                     "movl %2, %%eax\n\t"
                      "movl %%eax, %%ds\n\t"
                      "movl %%eax, %%es\n\t"
-                     "movl %%eax, %%ss\n\t"
-                     "ltr %w2"
-                     : : "m"(p), "i"(KERNEL_DS), "r"((uint16_t)TSS_SEL) : "rax", "memory");
+                     "ltr %w3"
+                     : : "m"(p), "i"(KERNEL_DS), "r"(data_sel), "r"((uint16_t)TSS_SEL)
+                     : "rax", "memory");
     idt_load();
     /* IA32_GS_BASE = &cpus[id]: cpu_id() reads %gs:0 */
     __asm__ volatile("wrmsr" : : "c"(0xc0000101), "a"((uint32_t)(uint64_t)c),
                      "d"((uint32_t)((uint64_t)c >> 32)));
+#endif
 
     lapic_write(LAPIC_TPR, 0);
     lapic_write(LAPIC_SVR, 0x100 | SPURIOUS_VECTOR);    /* software enable */
@@ -204,8 +265,10 @@ void lapic_timer_start(void)
 
 /* Application processors: INIT-SIPI-SIPI, one after the other. The real-mode
  * trampoline (ap_boot.S) is copied to AP_TRAMPOLINE_PHYS; it goes straight
- * to long mode with ap_boot_pml4(), loads the stack kernel_stacks[id] and
- * jumps to ap_entry -> ap_main -> cpu_idle. */
+ * to long mode with ap_boot_pml4() (i386: to protected mode with paging, in
+ * the boot's paging mode), loads the stack kernel_stacks[id] and jumps to
+ * ap_entry -> ap_main -> cpu_idle. The trampoline's fields are 64-bit in
+ * both builds (i386 reads the low half). */
 void smp_start_aps(void)
 {
     extern char ap_trampoline_start[], ap_trampoline_end[];
@@ -213,11 +276,11 @@ void smp_start_aps(void)
     uint8_t *t = PHYS_TO_VIRT(AP_TRAMPOLINE_PHYS);
     memcpy(t, ap_trampoline_start, (size_t)(ap_trampoline_end - ap_trampoline_start));
     *(uint64_t *)(t + (ap_tramp_cr3 - ap_trampoline_start)) = ap_boot_pml4();
-    *(uint64_t *)(t + (ap_tramp_entry - ap_trampoline_start)) = (uint64_t)ap_entry;
+    *(uint64_t *)(t + (ap_tramp_entry - ap_trampoline_start)) = (uintptr_t)ap_entry;
 
     for (uint32_t id = 1; id < ncpus; id++) {
         *(uint64_t *)(t + (ap_tramp_stack - ap_trampoline_start)) =
-            (uint64_t)kernel_stacks[id] + KERNEL_STACK_SIZE;
+            (uintptr_t)kernel_stacks[id] + KERNEL_STACK_SIZE;
         __atomic_thread_fence(__ATOMIC_SEQ_CST);
         lapic_write(LAPIC_ICR_HI, id << 24);
         lapic_write(LAPIC_ICR_LO, 0x00004500);          /* INIT, assert */

@@ -18,4 +18,13 @@ user_pulse_elf:
     .incbin "pulse.elf"
 user_pulse_elf_end:
 
+#ifndef __i386__
+    /* workload=compat: crunch built as ELF32 (i386), run in compatibility mode */
+    .balign 16
+    .globl user_crunch32_elf, user_crunch32_elf_end
+user_crunch32_elf:
+    .incbin "crunch32.elf"
+user_crunch32_elf_end:
+#endif
+
     .section .note.GNU-stack, "", @progbits

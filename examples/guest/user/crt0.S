@@ -15,10 +15,18 @@
     .type _start, @function
 _start:
     .cfi_startproc
+#ifndef __i386__
     .cfi_undefined rip
     xorl %ebp, %ebp
     call USER_MAIN
     movl %eax, %edi
+#else
+    /* i386: esp = USER_STACK_TOP (16-byte aligned), ebp = 0 */
+    .cfi_undefined eip
+    xorl %ebp, %ebp
+    call USER_MAIN
+    movl %eax, %ebx
+#endif
     movl $SYS_EXIT, %eax
     int $SYSCALL_VECTOR
 1:  jmp 1b
