@@ -9,12 +9,12 @@ STAMP := $(VENV)/.installed
 APT_PACKAGES := qemu-system-x86 gdb gcc make binutils python3-venv tmux dwarves debuginfod libarchive-tools linux-perf libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-clients-qemu
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help demo test unit integration fuzz bench kaslr-bench serve-soak lint format deps system-deps guest linux-guest linux-oracle consumers clean
+.PHONY: help demo test unit integration fuzz bench kaslr-bench serve-soak lint format deps system-deps guest linux-guest linux-oracle i386-oracle consumers clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-demo: deps guest $(if $(filter linux,$(GUEST)),linux-guest)  ## boot the example guest (GUEST=linux: Debian's kernel), profile it 10 s, write demo/, print the hottest stacks
+demo: deps guest $(if $(filter linux,$(GUEST)),linux-guest)  ## boot the example guest (ARCH=i386: its 32-bit build; GUEST=linux: Debian's kernel), profile it 10 s, write demo/, print the hottest stacks
 	@PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/demo.sh
 
 test: deps guest linux-guest consumers  ## run every test (unit, consumers, integration against a real QEMU)
@@ -95,9 +95,11 @@ $(STAMP): pyproject.toml
 consumers:  ## install the tools that open our outputs in tests (go tool pprof, chromium, speedscope)
 	bash tests/consumers/install.sh
 
-guest:  ## build the example guest OS, both variants (the tests unwind both)
-	$(MAKE) -s -C examples/guest
-	$(MAKE) -s -C examples/guest VARIANT=nofp
+guest:  ## build the example guest OS, both variants, 64- and 32-bit (the tests unwind all four)
+	$(MAKE) -s -C examples/guest ARCH=x86_64
+	$(MAKE) -s -C examples/guest ARCH=x86_64 VARIANT=nofp
+	$(MAKE) -s -C examples/guest ARCH=i386
+	$(MAKE) -s -C examples/guest ARCH=i386 VARIANT=nofp
 
 linux-guest:  ## fetch Debian's kernels (6.1, 6.12, bullseye's 5.10) + debug vmlinux and each release's libc6 (+ -dbg) once (~/.cache/qmpprof), build the initramfs files and sysroots
 	bash examples/linux/fetch.sh --all >/dev/null
@@ -110,6 +112,12 @@ linux-oracle: deps linux-guest  ## qmpprof vs GDB on the Linux guest: every kern
 	failed=0; for abi in $$(bash examples/linux/fetch.sh --list); do for kaslr in 0 1; do \
 		QMPPROF_LINUX_GDB_ABI=$$abi QMPPROF_LINUX_GDB_KASLR=$$kaslr QMPPROF_LINUX_GDB_SWEEP=$(ORACLE_PAUSES) \
 		$(BIN)/pytest -q -s tests/integration/test_linux_gdb_agreement.py || failed=1; done; done; exit $$failed
+
+#: Pauses per configuration under `make i386-oracle` (each about a second).
+I386_PAUSES ?= 150
+
+i386-oracle: deps guest  ## qmpprof vs GDB on the 32-bit example guest: 2-level and PAE paging, frame pointers and CFI, kernel and user workloads, I386_PAUSES pauses each
+	QMPPROF_I386_PAUSES=$(I386_PAUSES) $(BIN)/pytest -q -s tests/integration/test_gdb_agreement_i386.py
 
 clean:  ## remove the venv, demo output and guest builds
 	rm -rf $(VENV) demo examples/guest/build examples/linux/build

@@ -6,13 +6,17 @@
 # the kernel) with its workloads instead, and profiles kernel and user space together
 # with no kernel file and no sysroot: the kernel is read from the guest's memory, libc
 # from its processes' (only the example's own static programs are given, with --user).
+# ARCH=i386 boots the 32-bit build of the example guest instead (protected mode, PAGING=2level
+# or pae) with its processes on two vCPUs (WORKLOAD=user unless given).
 # DURATION (seconds, 10) and DEMO_OUT (the output directory, demo) change the defaults.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DURATION=${DURATION:-10}
 ACCEL=${ACCEL:-auto}
-WORKLOAD=${WORKLOAD:-kernel}
+ARCH=${ARCH:-x86_64}
+PAGING=${PAGING:-2level}
+if [[ $ARCH == i386 ]]; then WORKLOAD=${WORKLOAD:-user}; else WORKLOAD=${WORKLOAD:-kernel}; fi
 GUEST=${GUEST:-example}
 out=${DEMO_OUT:-demo}
 mkdir -p "$out"
@@ -53,8 +57,9 @@ ram=/dev/shm/qmpprof-demo-$$.ram
 boot=(--qmp "$out/qmp.sock" --serial "$out/serial.log" --accel "$ACCEL" --workload "$WORKLOAD"
       --memory-backend "$ram")
 [[ $WORKLOAD == user ]] && boot+=(--smp 2)
+[[ $ARCH == i386 ]] && boot+=(--arch i386 --paging "$PAGING")
 trap 'rm -f "$ram"' EXIT
-echo "booting the example guest (accel=$ACCEL, workload=$WORKLOAD)..."
+echo "booting the example guest (arch=$ARCH, accel=$ACCEL, workload=$WORKLOAD)..."
 declare -A guest
 while IFS='=' read -r key value; do
     guest[$key]=$value

@@ -23,6 +23,10 @@ from qmpprof.unwind.rules import UnwindRow
 
 #: One past the highest x86-64 address.
 ADDRESS_END = 1 << 64
+#: One past the highest 32-bit address, and the start of its upper half.
+ADDRESS_END_32 = 1 << 32
+UPPER_HALF_32 = 1 << 31
+GIGABYTE = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,8 @@ class Mapping:
     #: The process map's entry that put the file exactly at [start, end); None for a
     #: range assumed for it (the upper or lower half, a kernel module's text).
     source: FileMapping | None = None
+    #: The kernel or one of its modules: its frames are kernel frames.
+    kernel: bool = False
 
     def contains(self, address: int) -> bool:
         return self.start <= address < self.end
@@ -47,11 +53,15 @@ class Mapping:
 def kernel_mapping(kernel: Module, bias: int = 0) -> Mapping:
     """A kernel linked in the upper half as the whole upper half: with no kernel modules
     known, any address there outside its code is garbage, not someone else's code. A
-    kernel linked low (a unikernel, firmware) covers just its own code."""
+    32-bit kernel linked in the upper half covers the gigabyte it starts in and those
+    above (Linux's 3G/1G split: 0xc0000000 up). A kernel linked low (a unikernel,
+    firmware) covers just its own code."""
     start, end = kernel.extent[0] + bias, kernel.extent[1] + bias
     if start >= KERNEL_HALF or end <= start:
-        return Mapping(kernel, KERNEL_HALF, ADDRESS_END, bias)
-    return Mapping(kernel, start, end, bias)
+        return Mapping(kernel, KERNEL_HALF, ADDRESS_END, bias, kernel=True)
+    if kernel.word == 4 and start >= UPPER_HALF_32 and end <= ADDRESS_END_32:
+        return Mapping(kernel, start & ~(GIGABYTE - 1), ADDRESS_END_32, bias, kernel=True)
+    return Mapping(kernel, start, end, bias, kernel=True)
 
 
 def kernel_mappings(
@@ -71,10 +81,12 @@ def kernel_mappings(
         return [whole]
     edges = [whole.start, *(x for m in inside for x in (m.base, m.end)), whole.end]
     pieces = [
-        Mapping(kernel, start, end, bias)
+        Mapping(kernel, start, end, bias, kernel=True)
         for start, end in zip(edges[::2], edges[1::2], strict=True)
     ]
-    modules = [Mapping(_module_of(m, files or {}), m.base, m.end, m.base) for m in inside]
+    modules = [
+        Mapping(_module_of(m, files or {}), m.base, m.end, m.base, kernel=True) for m in inside
+    ]
     return [*(p for p in pieces if p.start < p.end), *modules]
 
 
@@ -96,13 +108,15 @@ def user_mapping(user: Module, bias: int = 0, taken: Mapping | None = None) -> l
 
 
 def file_mappings(
-    maps: Iterable[FileMapping], module_for: abc.Callable[[FileMapping], Module | None]
+    maps: Iterable[FileMapping],
+    module_for: abc.Callable[[FileMapping], Module | None],
+    word: int = 8,
 ) -> list[Mapping]:
     """A process's executable file mappings, each with the host copy `module_for` finds
     (placed so that the file offset the mapping starts at lands on its start), or, with
-    none, a module that knows only the file's name (`unread_file`). Mappings outside the
-    lower half, empty, or overlapping one before them are left out: guest data is
-    hostile."""
+    none, a module that knows only the file's name (`unread_file`, its code `word`
+    bytes wide: 4 for a 32-bit process). Mappings outside the lower half, empty, or
+    overlapping one before them are left out: guest data is hostile."""
     placed: list[Mapping] = []
     for found in sorted(maps, key=lambda m: m.start):
         if not 0 <= found.start < found.end <= KERNEL_HALF:
@@ -112,7 +126,7 @@ def file_mappings(
         module = module_for(found)
         bias = module.bias_in(found) if module is not None else None
         if module is None or bias is None:
-            module, bias = unread_file(found), found.start - found.offset
+            module, bias = unread_file(found, word), found.start - found.offset
         placed.append(Mapping(module, found.start, found.end, bias, found))
     return placed
 
@@ -135,6 +149,14 @@ class AddressSpace:
         #: Rows by guest address: asked for every frame of every sample, and a
         #: profile's PCs repeat (a kernel's ORC search is some twenty Python probes).
         self._rows: dict[int, UnwindRow | None] = {}
+        #: Words by guest address: asked at every frame-pointer step where modules of
+        #: both words are mapped (a 32-bit program under a 64-bit kernel).
+        self._words: dict[int, int | None] = {}
+        self._all_words = frozenset(m.module.word for m in self.mappings)
+        #: Where the kernel's half starts: a 32-bit kernel's upper gigabytes, else x86-64's.
+        tops = (ADDRESS_END, ADDRESS_END_32)
+        halves = [m.start for m in self.mappings if m.kernel and m.end in tops]
+        self._kernel_floor = min(halves, default=KERNEL_HALF)
 
     def mapping_at(self, address: int) -> Mapping | None:
         index = bisect.bisect_right(self._starts, address) - 1
@@ -163,6 +185,21 @@ class AddressSpace:
                 return row
         return module.cfi.row_for(file_address)
 
+    def word_size(self, address: int) -> int | None:
+        """The word of the module mapped at `address` (8, or 4 for i386 code), None
+        where none is (unwind.unwinder.CfiLookup)."""
+        word = self._words.get(address, 0)
+        if word == 0:
+            if len(self._words) >= MAX_ROWS:
+                self._words.clear()
+            mapping = self.mapping_at(address)
+            word = self._words[address] = mapping.module.word if mapping is not None else None
+        return word
+
+    def words(self) -> frozenset[int]:
+        """The words of the modules mapped (unwind.unwinder.CfiLookup)."""
+        return self._all_words
+
     def starts_function(self, address: int) -> bool:
         """Whether a symbol of the module mapped there starts at `address`."""
         found = self.symbols_at(address)
@@ -175,6 +212,12 @@ class AddressSpace:
         """The symbols of the module mapped at `address` and its bias (SymbolSource)."""
         mapping = self.mapping_at(address)
         return (mapping.module.symbols, mapping.bias) if mapping is not None else None
+
+    def in_kernel(self, address: int) -> bool:
+        """Whether `address` is the kernel's (SymbolSource): in a kernel mapping, or in
+        none and at or above where the kernel's upper half starts."""
+        mapping = self.mapping_at(address)
+        return mapping.kernel if mapping is not None else address >= self._kernel_floor
 
     def file_at(self, address: int) -> MappedFile | None:
         """The file a process map puts at `address` (SymbolSource)."""

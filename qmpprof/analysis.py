@@ -51,7 +51,13 @@ from qmpprof.model import (
 from qmpprof.modules import Module
 from qmpprof.symbols.symbolizer import Symbolizer
 from qmpprof.unwind.rules import RIP
-from qmpprof.unwind.unwinder import FIRST_CODE_ADDRESS, Strategy, dwarf_registers, unwind
+from qmpprof.unwind.unwinder import (
+    FIRST_CODE_ADDRESS,
+    Strategy,
+    dwarf_registers,
+    unwind,
+    word_for,
+)
 from qmpprof.user_files import UserFiles
 
 #: Address spaces kept built: one per process map seen (a guest forking busily makes
@@ -168,6 +174,11 @@ class Analyzer:
         return [m for m in (self.kernel, *self.users.values()) if m is not None]
 
     @property
+    def kernel_bits(self) -> int:
+        """The width of the kernel's code: 32 for an ELF32 kernel, else 64."""
+        return 8 * self.kernel.word if self.kernel is not None else 64
+
+    @property
     def has_kernel_symbols(self) -> bool:
         return self.kernel is not None and len(self.kernel.symbols) > 0
 
@@ -235,7 +246,8 @@ class Analyzer:
         depth = self.max_depth - len(stack.frames)
         if depth <= 0:
             return stack
-        rest = unwind(user, memory, space, self.strategy, space.code, depth)
+        word = word_for(raw.registers.bits)
+        rest = unwind(user, memory, space, self.strategy, space.code, depth, word)
         first = FrameAddress(
             rest.frames[0].address, FrameKind.INSTRUCTION, Recovery.SAVED_USER_REGISTERS
         )
@@ -245,11 +257,12 @@ class Analyzer:
     def _unwind(self, raw: RawSample, memory: MemoryReader) -> UnwoundStack:
         regs = raw.registers
         if not raw.windows:
-            leaf = FrameAddress(regs.rip, FrameKind.INSTRUCTION)
+            leaf = FrameAddress(regs.pc, FrameKind.INSTRUCTION)
             return UnwoundStack((leaf,), StopReason.NO_STACK)
         space = self._space_and_symbolizer(raw)[0]
         registers = dwarf_registers(regs)
-        return unwind(registers, memory, space, self.strategy, space.code, self.max_depth)
+        word = word_for(regs.bits)
+        return unwind(registers, memory, space, self.strategy, space.code, self.max_depth, word)
 
     def is_torn(self, captured: CapturedSample) -> bool:
         """Whether a return address on `captured`'s stack follows no call in the code
@@ -280,6 +293,7 @@ class Analyzer:
             fault_address=stack.fault_address,
             unsymbolized=self._why_unsymbolized(raw, mode, frames[0]),
             torn=_torn(space, stack),
+            bits=raw.registers.bits,
         )
 
     def _why_unsymbolized(self, raw: RawSample, mode: Mode, leaf: Frame) -> Unsymbolized | None:

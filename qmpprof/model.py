@@ -82,6 +82,10 @@ class FrameAddress:
         return self.address - 1 if self.kind is FrameKind.RETURN else self.address
 
 
+#: EFER's long-mode-active bit.
+EFER_LMA = 1 << 10
+
+
 @dataclass(frozen=True)
 class RegisterSet:
     """The registers of one vCPU, as `info registers` reported them."""
@@ -106,6 +110,23 @@ class RegisterSet:
     #: The task-state segment's base: its RSP0 is the stack an interrupt from ring 3
     #: is pushed on (0 when the dump did not give it).
     tr_base: int = 0
+    #: The code segment's base: real mode's code runs at CS * 16 + IP, and firmware may
+    #: give a 32-bit segment a base; flat code has 0 here (long mode ignores it).
+    cs_base: int = 0
+
+    @property
+    def segmented(self) -> bool:
+        """Code addressed through a segment base (real mode, 16-bit code, a 32-bit
+        segment with a base outside long mode): its stack is not unwound."""
+        based = self.cs_base != 0 and not self.efer & EFER_LMA
+        return self.bits == 16 or (self.bits == 32 and based)
+
+    @property
+    def pc(self) -> int:
+        """The linear address of the next instruction: RIP, plus the code segment's
+        base for segmented code (real-mode firmware runs at CS * 16 + IP)."""
+        rip = self.general["rip"]
+        return (self.cs_base + rip) & 0xFFFF_FFFF if self.segmented else rip
 
     @property
     def rip(self) -> int:
@@ -281,10 +302,13 @@ class Frame:
     module: str | None
     #: The process map's entry for the file holding it (None outside such files).
     mapping: FileMapping | None = None
+    #: Whether it is the kernel's code, as the address space it was symbolized in says
+    #: (a 32-bit kernel's half is not x86-64's); None: by the address alone.
+    kernel: bool | None = None
 
     @property
     def is_kernel(self) -> bool:
-        return is_kernel_address(self.address.address)
+        return self.kernel if self.kernel is not None else is_kernel_address(self.address.address)
 
     def label(self) -> str:
         """The name used in profiles: the function; else the file and the offset in it
@@ -315,6 +339,8 @@ class Sample:
     unsymbolized: Unsymbolized | None = None
     #: A return address on this stack does not follow a call: torn or garbage.
     torn: bool = False
+    #: 16, 32 or 64: the width of the code the vCPU ran (RegisterSet.bits).
+    bits: int = 64
 
     def label(self) -> str:
         """The root frame of this sample's stack: its process, else its address space."""

@@ -135,7 +135,7 @@ class Collector:
         self.analyzer = analyzer
         self.profile = profile
         self.samples: list[Sample] = []
-        self.coverage = KernelCoverage()
+        self.coverage = KernelCoverage(kernel_bits=analyzer.kernel_bits)
         #: The process-maps reader's counts (`record` sets them once connected).
         self.maps_stats: MapsStats | None = None
         #: Capture files, given once open (`keep_in`): `record` opens them once connected.

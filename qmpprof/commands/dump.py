@@ -53,7 +53,7 @@ async def run_dump(options: DumpOptions, out: Printer) -> None:
         out.out(dump_json(samples, sources, options.lines), highlight=False)
     else:
         out.out(dump_text(samples, sources, options.lines), highlight=False, end="")
-    coverage = KernelCoverage(min_samples=1)
+    coverage = KernelCoverage(min_samples=1, kernel_bits=analyzer.kernel_bits)
     for sample in samples:
         coverage.add(sample)
     if options.target.kernel is not None and coverage.mismatched:

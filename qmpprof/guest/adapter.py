@@ -102,6 +102,8 @@ class KernelFacts:
     sections: frozenset[str]
     #: Where its struct layouts and other data symbols come from.
     types: KernelTypes
+    #: The size of a pointer in it: 8 (ELF64), 4 (ELF32).
+    word: int = 8
 
 
 class AdapterKind(Protocol):

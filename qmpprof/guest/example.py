@@ -15,10 +15,14 @@ class ExampleGuestAdapter:
 
     name = "example-guest"
 
-    def __init__(self, cpu_current: int, pid_offset: int, name_offset: int, name_size: int):
+    def __init__(
+        self, cpu_current: int, pid_offset: int, name_offset: int, name_size: int, word: int = 8
+    ):
         self.cpu_current = cpu_current
         self.fields = task_fields(pid_offset, name_offset, name_size)
         self.bias = 0
+        #: The size of a pointer in cpu_current[]: 8 in the 64-bit build, 4 in the i386 one.
+        self.word = word
 
     probe_symbols = frozenset({"cpu_current"})
 
@@ -30,24 +34,27 @@ class ExampleGuestAdapter:
     def from_facts(cls, facts: KernelFacts) -> ExampleGuestAdapter | None:
         """The adapter, if the kernel also declares struct process (the only type read)."""
         layout = facts.types.layout(set(), {"process"})
-        return cls._from_layout(facts.symbols.get("cpu_current"), layout)
+        return cls._from_layout(facts.symbols.get("cpu_current"), layout, facts.word)
 
     @classmethod
-    def from_kernel(cls, kernel: Path) -> ExampleGuestAdapter | None:
+    def from_kernel(cls, kernel: Path, word: int = 8) -> ExampleGuestAdapter | None:
         """The adapter, if the kernel ELF declares cpu_current and struct process."""
         layout = read_layout(kernel, {"cpu_current"}, {"process"})
-        return cls._from_layout(layout.variables.get("cpu_current"), layout)
+        return cls._from_layout(layout.variables.get("cpu_current"), layout, word)
 
     @classmethod
-    def _from_layout(cls, address: int | None, layout: KernelLayout) -> ExampleGuestAdapter | None:
+    def _from_layout(
+        cls, address: int | None, layout: KernelLayout, word: int
+    ) -> ExampleGuestAdapter | None:
         members = layout.structs.get("process", {})
         if address is None or "pid" not in members or "name" not in members:
             return None
         name_size = members["name"].size or 16
-        return cls(address, members["pid"].offset, members["name"].offset, name_size)
+        return cls(address, members["pid"].offset, members["name"].offset, name_size, word)
 
     def process(self, registers: RegisterSet, memory: MemoryReader) -> Process | None:
-        pointer = memory.read_u64(self.cpu_current + self.bias + 8 * registers.vcpu)
+        slot = self.cpu_current + self.bias + self.word * registers.vcpu
+        pointer = int.from_bytes(memory.read(slot, self.word), "little")
         if pointer == 0:
             return KERNEL_ONLY
         return self.fields.read(memory, pointer)

@@ -40,6 +40,7 @@ def kernel_facts(kernel: Path, kinds: Sequence[AdapterKind] = ADAPTERS) -> Kerne
         with open_elf(kernel) as elf:
             symbols = read_object_symbols(elf, wanted, file_key(elf))
             sections = frozenset(section.name for section in elf.iter_sections())
+            word = elf.elfclass // 8
     except BadElf:
         return None
-    return KernelFacts(kernel, symbols, sections, ElfTypes(kernel))
+    return KernelFacts(kernel, symbols, sections, ElfTypes(kernel), word)

@@ -30,6 +30,7 @@ def _vcpu_json(sample: Sample, sources: SourceLookup | None, lines: bool) -> dic
         "vcpu": sample.vcpu,
         "mode": sample.mode.value,
         "pc": f"{sample.frames[0].address.address:#x}",
+        "bits": sample.bits,
         "cr3": f"{sample.address_space:#x}",
         "process": None if process is None else _process_json(process),
         "frames": [
@@ -75,12 +76,14 @@ def dump_text(
 def _vcpu_text(sample: Sample, sources: SourceLookup | None, lines: bool) -> str:
     pc = sample.frames[0].address.address
     label = visible(sample.label())
-    text = [f"vCPU {sample.vcpu} [{sample.mode.value}] {label} pc={pc:#x}"]
+    width = "" if sample.bits == 64 else f" ({sample.bits}-bit)"
+    text = [f"vCPU {sample.vcpu} [{sample.mode.value}] {label} pc={pc:#x}{width}"]
+    digits = 18 if sample.bits == 64 else 10  # 0x and the addresses' hex digits
     number = 0
     for frame in sample.frames:
         for source in _source_frames(frame, sources):
             line = _frame_line(frame, source, lines)
-            text.append(f"  #{number:<2} {frame.address.address:#018x} {line}")
+            text.append(f"  #{number:<2} {frame.address.address:#0{digits}x} {line}")
             number += 1
     stop = sample.stop.value
     if sample.fault_address is not None:

@@ -174,8 +174,8 @@ class Capturer:
         self._session.hmp_prime(REGISTERS)
 
     async def _one(self, regs: RegisterSet, now: float) -> CapturedSample:
-        if regs.bits != 64:
-            error = f"vCPU in {regs.bits}-bit mode: stack not read"
+        if regs.segmented:
+            error = f"vCPU in {regs.bits}-bit segmented code: stack not read"
             return self._analyzer.examine(RawSample(now, regs, error=error)).sample
         user_module = await self._identifier.identify(regs)
         window = await self._stack_window(regs)
@@ -202,7 +202,7 @@ class Capturer:
 
     async def _copied(self, regs: RegisterSet, now: float) -> CapturedSample | RawSample:
         """`take`'s copy of one vCPU's memory (see there), read while the VM is paused."""
-        if regs.bits != 64:
+        if regs.segmented:
             return await self._one(regs, now)
         assert isinstance(self._memory, DirectMemory)
         user_module = await self._identifier.identify(regs)

@@ -91,7 +91,7 @@ def parse_one(text: str, vcpu: int) -> RegisterSet:
     missing = [name for name in _REQUIRED if name not in general]
     if missing:
         raise RegisterParseError(f"vCPU {vcpu}: no {', '.join(missing)} in register dump")
-    cs_selector, cs_flags = _code_segment(text, vcpu)
+    cs_selector, cs_base, cs_flags = _code_segment(text, vcpu)
     return RegisterSet(
         vcpu=vcpu,
         general=general,
@@ -106,6 +106,7 @@ def parse_one(text: str, vcpu: int) -> RegisterSet:
         gs_base=_base(_GS_BASE, text, "\nGS ="),
         gdt_base=_base(_GDT_BASE, text, "\nGDT="),
         tr_base=_base(_TR_BASE, text, "\nTR ="),
+        cs_base=cs_base,
     )
 
 
@@ -156,12 +157,13 @@ def _hex(values: dict[str, str], key: str) -> int:
     return int(values.get(key, "0"), 16)
 
 
-def _code_segment(text: str, vcpu: int) -> tuple[int, int]:
+def _code_segment(text: str, vcpu: int) -> tuple[int, int, int]:
+    """The code segment's selector, base and descriptor flags."""
     at = text.find("\nCS =")
     match = _SEGMENT.match(text, at + 1) if at >= 0 else _SEGMENT.search(text)
     if match is None:
         raise RegisterParseError(f"vCPU {vcpu}: no CS line in register dump")
-    return int(match.group(1), 16), int(match.group(4), 16)
+    return int(match.group(1), 16), int(match.group(2), 16), int(match.group(4), 16)
 
 
 def _code_width(cs_flags: int, cr0: int) -> int:

@@ -161,27 +161,37 @@ def gdb_frames_in(gdb: GdbMi, guest: Guest, vcpu: int, program: str | None) -> l
         gdb.console(f"remove-symbol-file {path}")
 
 
-def test_user_workload_on_two_vcpus_agrees_with_gdb(
-    user_gdb_guest: tuple[Guest, GdbMi],
-) -> None:
-    guest, gdb = user_gdb_guest
-    pauses = int(os.environ.get("QMPPROF_GDB_PAUSES", "200"))
-    rng = seeded("user workload")
+def run_user_workload_pauses(
+    guest: Guest, gdb: GdbMi, pauses: int, name: str, *dump_args: str
+) -> dict[str, Tally]:
+    """Every vCPU's stack at `pauses` random points of the user workload, qmpprof's
+    against GDB's (with the symbols of the program the vCPU's address space runs), by
+    mode; the VM stays paused."""
+    rng = seeded(name)
     tallies: dict[str, Tally] = {mode: Tally() for mode in ("user", "kernel", "idle")}
     programs: dict[int, str] = {}
     for _ in range(pauses):
         pause_randomly(gdb, rng)
         programs = programs or program_names(gdb)
-        for vcpu in dump_json(guest, "--user-dir", str(guest.user_dir)):
+        for vcpu in dump_json(guest, "--user-dir", str(guest.user_dir), *dump_args):
             frames = vcpu["frames"]
             assert isinstance(frames, list)
             ours = [(int(f["address"], 16), f["function"]) for f in frames]
             program = programs.get(int(str(vcpu["cr3"]), 16))
             expected = gdb_frames_in(gdb, guest, int(str(vcpu["vcpu"])), program)
             tallies[str(vcpu["mode"])].add(expected, ours)
-        assert guest.status() == "paused"
+        assert guest.status() == "paused", "qmpprof resumed a VM that GDB holds"
     for mode, tally in tallies.items():
-        print(tally.report(f"user workload, {mode} samples"))
+        print(tally.report(f"{name}, {mode} samples"))
+    return tallies
+
+
+def test_user_workload_on_two_vcpus_agrees_with_gdb(
+    user_gdb_guest: tuple[Guest, GdbMi],
+) -> None:
+    guest, gdb = user_gdb_guest
+    pauses = int(os.environ.get("QMPPROF_GDB_PAUSES", "200"))
+    tallies = run_user_workload_pauses(guest, gdb, pauses, "user workload")
     assert tallies["user"].pauses > 0 and tallies["kernel"].pauses > 0
     assert tallies["user"].agreement >= REQUIRED_AGREEMENT
     assert tallies["kernel"].agreement >= REQUIRED_AGREEMENT

@@ -16,10 +16,12 @@ import pytest
 from qmpprof.address_space import AddressSpace, Mapping, kernel_mapping, user_mapping
 from qmpprof.analysis import Analyzer
 from qmpprof.errors import MemoryFault
-from qmpprof.model import KERNEL_HALF, MemoryWindow, RawSample, RegisterSet
+from qmpprof.model import KERNEL_HALF, FrameAddress, FrameKind, MemoryWindow, RawSample, RegisterSet
 from qmpprof.modules import Module, load_module
+from qmpprof.symbols.symbolizer import Symbolizer
 from tests.linux_vm import kernel_abis
 from tests.unit.conftest import CHAIN_FUNCTIONS, build_elf, capture_with_gdb
+from tests.unit.i386_builds import build_i386
 from tests.unit.test_symbols import nm_functions
 
 Stops = list[dict[str, object]]
@@ -129,3 +131,30 @@ def test_a_linux_kernels_file_does_not_judge_its_return_addresses() -> None:
     assert AddressSpace([kernel_mapping(kernel)]).return_sites.check(not_after_a_call) is None
     plain = AddressSpace([kernel_mapping(replace(kernel, orc=None))])
     assert plain.return_sites.check(not_after_a_call) is False
+
+
+def test_a_32_bit_kernel_linked_high_owns_its_upper_gigabytes(tmp_path: Path) -> None:
+    """An ELF32 kernel at 0xc0100000 (Linux's 3G/1G split, the example guest's i386
+    build): every address from 0xc0000000 up is the kernel's, below is the user's, and
+    the frames say so (x86-64's half starts far above 32-bit addresses)."""
+    (tmp_path / "kernel").mkdir()
+    (tmp_path / "user").mkdir()
+    elf = build_i386("i386/chain.c", tmp_path / "kernel", "-O2", "-Wl,-Ttext-segment=0xc0100000")
+    kernel = load_module(elf, "kernel")
+    assert kernel.word == 4 and kernel.extent[0] >= 0xC010_0000
+    user = load_module(build_i386("i386/chain.c", tmp_path / "user", "-O2"), "user")
+    taken = kernel_mapping(kernel)
+    space = AddressSpace([taken, *user_mapping(user, 0, taken)])
+    assert (taken.start, taken.end, taken.kernel) == (0xC000_0000, 1 << 32, True)
+    assert [space.in_kernel(a) for a in (0xC000_0000, kernel.extent[0], 0xFFFF_F000)] == [True] * 3
+    assert not space.in_kernel(user.extent[0]) and not space.in_kernel(0xBFFF_FFFF)
+    symbolizer = Symbolizer(space)
+    kernel_frame = symbolizer.symbolize(FrameAddress(kernel.extent[0], FrameKind.INSTRUCTION))
+    user_frame = symbolizer.symbolize(FrameAddress(user.extent[0], FrameKind.INSTRUCTION))
+    assert kernel_frame.is_kernel and not user_frame.is_kernel
+
+
+def test_a_64_bit_kernels_half_is_x86_64s(chain_module: Module) -> None:
+    space = AddressSpace([kernel_mapping(chain_module, KERNEL_HALF), *user_mapping(chain_module)])
+    assert space.in_kernel(KERNEL_HALF) and space.in_kernel((1 << 64) - 1)
+    assert not space.in_kernel(KERNEL_HALF - 1) and not space.in_kernel(0xC000_0000)

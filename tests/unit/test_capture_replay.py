@@ -236,12 +236,13 @@ async def test_no_window_beyond_max_extra_windows(
 
 
 async def test_a_vcpu_not_in_long_mode_is_not_read(analyzer: Analyzer) -> None:
-    """QEMU held at the reset vector: every vCPU in 16-bit real mode, at IP 0xfff0 (where
-    an x86 CPU starts after reset); no memory is asked for (the replay checks it)."""
+    """QEMU held at the reset vector: every vCPU in 16-bit real mode, at IP 0xfff0 of a
+    code segment based at 0xffff0000 (where an x86 CPU starts after reset): its pc is
+    the linear 0xfffffff0; no memory is asked for (the replay checks it)."""
     samples = await captured(analyzer, "capture_at_reset")
     assert [s.raw.vcpu for s in samples] == [0, 1]
     for sample in samples:
-        assert sample.raw.error == "vCPU in 16-bit mode: stack not read"
+        assert sample.raw.error == "vCPU in 16-bit segmented code: stack not read"
         assert sample.raw.windows == ()
-        assert addresses(sample) == [0xFFF0]
+        assert addresses(sample) == [0xFFFF_FFF0]
         assert sample.stack.stop is StopReason.NO_STACK

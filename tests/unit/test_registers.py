@@ -25,6 +25,18 @@ def test_real_mode_cpus_at_reset_parse_eip() -> None:
     assert not cpus[0].halted
 
 
+def test_real_mode_code_runs_at_its_segment_base_plus_ip() -> None:
+    cpus = parse_all((DATA / "regs_reset_realmode_smp2.txt").read_text())
+    assert [(c.cs_base, c.segmented, c.pc) for c in cpus] == [(0xFFFF_0000, True, 0xFFFF_FFF0)] * 2
+
+
+def test_a_32_bit_segment_with_a_base_is_segmented_and_a_flat_one_is_not() -> None:
+    """SeaBIOS runs its relocated code through a code segment based at its new place."""
+    first, second = parse_all((DATA / "regs_seabios_32bit_smp2.txt").read_text())
+    assert (first.cs_base, first.segmented, first.pc) == (0x03F3_D000, True, 0x03F3_D000 + 0x2B36)
+    assert (second.cs_base, second.segmented, second.pc) == (0, False, second.rip)
+
+
 def test_protected_mode_bios_is_32_bit_with_the_ap_halted() -> None:
     cpus = parse_all((DATA / "regs_seabios_32bit_smp2.txt").read_text())
     assert len(cpus) == 2

@@ -66,6 +66,9 @@ class Unbiased:
     def file_at(self, address: int) -> MappedFile | None:
         return None
 
+    def in_kernel(self, address: int) -> bool:
+        return False
+
 
 def test_return_address_names_the_calling_function(symbols_elf: Path) -> None:
     table = load_symbols(symbols_elf)
