@@ -101,9 +101,11 @@ guest:  ## build the example guest OS, both variants, 64- and 32-bit (the tests 
 	$(MAKE) -s -C examples/guest ARCH=i386
 	$(MAKE) -s -C examples/guest ARCH=i386 VARIANT=nofp
 
-linux-guest:  ## fetch Debian's kernels (6.1, 6.12, bullseye's 5.10) + debug vmlinux and each release's libc6 (+ -dbg) once (~/.cache/qmpprof), build the initramfs files and sysroots
+linux-guest:  ## fetch Debian's kernels (6.1, 6.12, bullseye's 5.10, 6.1's 686-pae) + debug vmlinux and each release's libc6 (+ -dbg) once (~/.cache/qmpprof), build the initramfs files and sysroots
 	bash examples/linux/fetch.sh --all >/dev/null
 	$(MAKE) -s -C examples/linux
+	bash examples/linux/i386/fetch.sh >/dev/null
+	$(MAKE) -s -C examples/linux/i386
 
 #: Pauses per kernel and KASLR setting under `make linux-oracle` (each ~10 s).
 ORACLE_PAUSES ?= 100

@@ -213,6 +213,11 @@ class AddressSpace:
         mapping = self.mapping_at(address)
         return (mapping.module.symbols, mapping.bias) if mapping is not None else None
 
+    @property
+    def kernel_floor(self) -> int:
+        """Where the kernel's half starts: x86-64's, or a 32-bit kernel's upper gigabytes."""
+        return self._kernel_floor
+
     def in_kernel(self, address: int) -> bool:
         """Whether `address` is the kernel's (SymbolSource): in a kernel mapping, or in
         none and at or above where the kernel's upper half starts."""

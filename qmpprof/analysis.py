@@ -32,7 +32,6 @@ from qmpprof.guest.kernel_types import KernelTypes
 from qmpprof.guest.mode import mode_of
 from qmpprof.memory import MemoryReader, WindowMemory
 from qmpprof.model import (
-    KERNEL_HALF,
     CapturedSample,
     FileMapping,
     Frame,
@@ -236,13 +235,16 @@ class Analyzer:
         registers the OS saved when the task entered the kernel (as perf does): the
         kernel's own tables mark some entry and exit code as the end of the stack.
         Raises MemoryFault."""
-        if not raw.windows or any(f.address < KERNEL_HALF for f in stack.frames):
+        if not raw.windows:
+            return stack
+        space = self._space_and_symbolizer(raw)[0]
+        kernel_half = space.kernel_floor
+        if any(f.address < kernel_half for f in stack.frames):
             return stack
         user = self.adapter.user_registers(raw.registers, memory)
         pc = user[RIP] if user is not None else None
-        if user is None or pc is None or not FIRST_CODE_ADDRESS <= pc < KERNEL_HALF:
+        if user is None or pc is None or not FIRST_CODE_ADDRESS <= pc < kernel_half:
             return stack
-        space = self._space_and_symbolizer(raw)[0]
         depth = self.max_depth - len(stack.frames)
         if depth <= 0:
             return stack

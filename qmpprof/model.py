@@ -110,6 +110,9 @@ class RegisterSet:
     #: The task-state segment's base: its RSP0 is the stack an interrupt from ring 3
     #: is pushed on (0 when the dump did not give it).
     tr_base: int = 0
+    #: The FS segment's base (in an i386 Linux kernel, this CPU's per-CPU offset; 0 when
+    #: the dump did not give it: an older capture).
+    fs_base: int = 0
     #: The code segment's base: real mode's code runs at CS * 16 + IP, and firmware may
     #: give a 32-bit segment a base; flat code has 0 here (long mode ignores it).
     cs_base: int = 0

@@ -233,12 +233,14 @@ class Capturer:
         if stack is None:
             return False
         user_rsps = set()
+        long_mode = regs.bits == 64  # the task-state segment and frame layouts below
         if not stack[0] <= regs.rsp < stack[0] + stack[1]:
             with contextlib.suppress(MemoryFault):
                 copy.read(*stack)  # an interrupt stack's unwind goes on there
             with contextlib.suppress(MemoryFault):
-                user_rsps.add(_user_rsp_at_rsp0(regs, copy))  # maybe still on the entry stack
-        if window is not None and len(window.data) < self._config.stack_bytes:
+                if long_mode:  # maybe still on the entry stack
+                    user_rsps.add(_user_rsp_at_rsp0(regs, copy))
+        if long_mode and window is not None and len(window.data) < self._config.stack_bytes:
             user_rsps.add(_user_rsp_at_top(window))  # RSP's stack ended: its top came first
         with contextlib.suppress(MemoryFault):
             user = adapter.user_registers(regs, copy)

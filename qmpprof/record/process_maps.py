@@ -168,9 +168,11 @@ class ProcessMaps:
     def of_guest(
         cls, types: KernelTypes | None, adapter: OsAdapter, memory: MemoryBackend
     ) -> ProcessMaps | None:
-        """For a Linux kernel whose vmlinux describes VMAs, files and dentries; else None
-        (about 1 s of DWARF reading, once per vmlinux)."""
-        if types is None or not isinstance(adapter, LinuxAdapter):
+        """For a 64-bit Linux kernel whose vmlinux describes VMAs, files and dentries;
+        else None (about 1 s of DWARF reading, once per vmlinux). The walkers read 8-byte
+        pointers: a 32-bit kernel's processes are matched to `--user` files by their code
+        instead (record/identify.py)."""
+        if types is None or not isinstance(adapter, LinuxAdapter) or adapter.word != 8:
             return None
         layout = maps_layout(types)
         if layout is None:

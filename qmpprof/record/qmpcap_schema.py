@@ -106,6 +106,7 @@ def _sample_record(sample: CapturedSample) -> dict[str, Any]:
             "gs_base": regs.gs_base,
             "gdt_base": regs.gdt_base,
             "tr_base": regs.tr_base,
+            "fs_base": regs.fs_base,
             "cs_base": regs.cs_base,
         },
         "user_module": raw.user_module,
@@ -238,6 +239,7 @@ def _registers(regs: dict[str, Any]) -> RegisterSet:
         gs_base=fields.get("gs_base", _u64, 0),
         gdt_base=fields.get("gdt_base", _u64, 0),
         tr_base=fields.get("tr_base", _u64, 0),
+        fs_base=fields.get("fs_base", _u64, 0),
         cs_base=fields.get("cs_base", _u64, 0),
     )
 

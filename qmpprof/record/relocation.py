@@ -10,8 +10,8 @@ from qmpprof.analysis import Analyzer
 from qmpprof.errors import KernelMismatch
 from qmpprof.guest.linux.adapter import LinuxAdapter
 from qmpprof.guest.linux.kaslr import (
-    GATE_SIZE,
     gate_handler,
+    gate_size,
     kernel_slide,
     linked_string,
     mismatch_banner,
@@ -44,8 +44,8 @@ _UNMAPPED = _Unmapped.TOKEN
 
 @dataclass(frozen=True)
 class KernelPlacement:
-    """Where a Linux guest runs its kernel, and a vCPU in 64-bit mode that read it (whose
-    page tables map the kernel's half)."""
+    """Where a Linux guest runs its kernel, and a vCPU in the kernel's mode (64-bit, or
+    32-bit for an i386 kernel) that read it (whose page tables map the kernel's half)."""
 
     slide: int
     vcpu: int
@@ -55,7 +55,8 @@ async def kernel_slide_of(
     session: QmpSession, memory: MemoryBackend, analyzer: Analyzer
 ) -> KernelPlacement | None:
     """The slide of a Linux guest's kernel (KASLR), read from the divide-error gate of
-    the IDT of a vCPU in 64-bit mode and checked against the guest's `linux_banner`;
+    the IDT of a vCPU in the kernel's mode (64-bit; 32-bit for an ELF32 kernel) and
+    checked against the guest's `linux_banner`;
     None when the kernel is not Linux or no vCPU gives one (a guest still booting).
     Raises KernelMismatch when the guest's kernel is not the --kernel ELF.
 
@@ -98,13 +99,13 @@ async def _placement(
     pairs = sorted(zip(registers, bases, strict=True), key=lambda pair: pair[0].cpl != 0)
     unmapped = False
     for regs, base in pairs:
-        if regs.bits != 64:
-            continue
-        gate = await memory.read_window(regs.vcpu, base, GATE_SIZE)
-        handler = gate_handler(gate)
+        if regs.bits != 8 * kernel.word:
+            continue  # firmware, boot code, or a 32-bit program under a 64-bit kernel
+        gate = await memory.read_window(regs.vcpu, base, gate_size(kernel.word))
+        handler = gate_handler(gate, kernel.word)
         if handler is None:
             return None
-        slide = kernel_slide(gate, kernel.symbols)
+        slide = kernel_slide(gate, kernel.symbols, kernel.word)
         if slide is None:
             raise KernelMismatch(mismatch_no_slide(str(kernel.path), handler, kernel.symbols))
         if await _check_banner(memory, regs, kernel, adapter.banner, slide):
@@ -124,7 +125,7 @@ async def _check_banner(
     expected = linked_string(kernel.path, banner) if banner is not None else None
     if banner is None or not expected:
         return True
-    address = (banner + slide) % (1 << 64)
+    address = (banner + slide) % (1 << 8 * kernel.word)
     found = await memory.read_window(regs.vcpu, address, len(expected))
     if not found and memory.through_monitor:
         return False

@@ -207,9 +207,10 @@ def isolated_kernel_root(state: PagingState) -> int | None:
     Intel CPUs that need it, `pti=on` anywhere) runs user code on a second PGD that maps
     of the kernel only its entry code: the two are allocated as an 8 KiB pair, the
     kernel's first, and bit 12 of CR3 picks the user's. So while a vCPU runs user code,
-    its task and per-CPU area are mapped only by the table 4 KiB below. Used only for
+    its task and per-CPU area are mapped only by the table 4 KiB below. x86-32 Linux
+    pairs its PGDs (a PAE PDPT, or a 2-level page directory) the same way. Used only for
     upper-half addresses CR3's own table does not map (target.paging)."""
-    if state.mode not in (PagingMode.LONG4, PagingMode.LONG5) or not state.cr3 & _PTI_USER_BIT:
+    if state.mode is PagingMode.DISABLED or not state.cr3 & _PTI_USER_BIT:
         return None
     return state.root & ~_PTI_USER_BIT
 

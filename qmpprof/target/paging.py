@@ -140,6 +140,10 @@ def _root(state: PagingState, mode: PagingMode) -> int:
     return state.cr3 & _ADDRESS_MASK  # long mode: bits 0..11 may hold a PCID
 
 
+#: The upper half of a 32-bit address space.
+_UPPER_HALF_32 = 1 << 31
+
+
 def _address_limits(mode: PagingMode) -> tuple[int, int]:
     """(end of the low half, start of the high half) of the addresses a vCPU can form.
 
@@ -201,8 +205,11 @@ class VirtualMemory:
         mode = state.mode
         self._levels = _levels(state, mode)
         self._root = _root(state, mode)
-        self._upper_root = upper_root if mode in (PagingMode.LONG4, PagingMode.LONG5) else None
+        self._upper_root = upper_root if mode is not PagingMode.DISABLED else None
         self._low_end, self._high_start = _address_limits(mode)
+        #: Where `upper_root` may answer: the upper half (32-bit: from 2 GiB up, where a
+        #: 3G/1G or 2G/2G kernel lies).
+        self._upper_start = min(self._high_start, _UPPER_HALF_32)
         self._cache: dict[int, tuple[int, int]] = {}  # virtual page number → _page()
         self._tables = TableCache() if tables is None else tables
         self._entry_size = self._levels[0][2] if self._levels else 8
@@ -345,7 +352,7 @@ class VirtualMemory:
         try:
             return self._walk_tables(address, self._root)
         except MemoryFault as err:  # name the virtual address, as for a not-present entry
-            if self._upper_root is None or address < self._high_start:
+            if self._upper_root is None or address < self._upper_start:
                 raise MemoryFault(address, size) from err
         try:
             return self._walk_tables(address, self._upper_root)

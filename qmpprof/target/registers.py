@@ -38,6 +38,7 @@ _CONTROL = re.compile(rf"CR0=(?P<CR0>{_HEX}) CR2={_HEX} CR3=(?P<CR3>{_HEX}) CR4=
 _EFER = re.compile(rf"EFER=(?P<EFER>{_HEX})")
 #: "GS =<selector> <base> <limit> <flags>" (TR's alike) and "GDT=     <base> <limit>".
 _GS_BASE = re.compile(rf"GS =[0-9a-f]{{4}} ({_HEX}) ")
+_FS_BASE = re.compile(rf"FS =[0-9a-f]{{4}} ({_HEX}) ")
 _GDT_BASE = re.compile(rf"GDT= {{0,8}}+({_HEX}) ")
 _TR_BASE = re.compile(rf"TR =[0-9a-f]{{4}} ({_HEX}) ")
 
@@ -104,6 +105,7 @@ def parse_one(text: str, vcpu: int) -> RegisterSet:
         cr4=_hex(values, "CR4"),
         efer=_hex(values, "EFER"),
         gs_base=_base(_GS_BASE, text, "\nGS ="),
+        fs_base=_base(_FS_BASE, text, "\nFS ="),
         gdt_base=_base(_GDT_BASE, text, "\nGDT="),
         tr_base=_base(_TR_BASE, text, "\nTR ="),
         cs_base=cs_base,

@@ -20,7 +20,6 @@ import pytest
 
 from tests.integration.conftest import Guest, dump_json, record_folded, running_guest
 from tests.integration.gdb_mi import GdbMi
-from tests.unit.test_symbols import nm_functions
 from tests.integration.test_gdb_agreement import (
     REQUIRED_AGREEMENT,
     Tally,
@@ -28,6 +27,7 @@ from tests.integration.test_gdb_agreement import (
     run_pauses,
     run_user_workload_pauses,
 )
+from tests.unit.test_symbols import nm_functions
 
 PAUSES = int(os.environ.get("QMPPROF_I386_PAUSES", "25"))
 I386 = ("--arch", "i386", "--qemu-binary", "qemu-system-i386")

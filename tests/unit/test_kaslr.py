@@ -6,9 +6,11 @@ Intel's SDM (vol. 3, 6.14.1), and the symbol address is nm's for that vmlinux.""
 
 from __future__ import annotations
 
+import json
 import struct
+from pathlib import Path
 
-from qmpprof.guest.linux.kaslr import gate_handler, kernel_slide
+from qmpprof.guest.linux.kaslr import gate_handler, gate_size, kernel_slide
 from qmpprof.symbols.elf import Symbol, SymbolTable
 
 #: `x /2gx 0xfffffe0000000000` on the guest: vector 0's gate.
@@ -41,3 +43,31 @@ def test_what_kaslr_cannot_have_made_is_no_slide() -> None:
     assert gate_handler(not_present) is None
     assert gate_handler(GATE[:8]) is None
     assert gate_handler(bytes(16)) is None
+
+
+#: The i386 guest (examples/linux/i386, Debian 12's 6.1.0-50-686-pae, KASLR on): vector
+#: 0's 8-byte gate as `x /2wx` printed it at the IDT base `info registers` gave
+#: (tests/unit/data/linux/i386/record_tasks.py captured it, tasks.json's idt_gate_0), and
+#: where the guest's /proc/kallsyms put the handler (its init printed it). Decoded by
+#: hand (Intel SDM vol. 3, 6.11): offset 15..0 0x1cc0, selector 0x60 (__KERNEL_CS),
+#: attributes 0x8e00 (present, DPL 0, 32-bit interrupt gate), offset 31..16 0xd993.
+I386 = json.loads((Path(__file__).parent / "data/linux/i386/tasks.json").read_text())
+I386_GATE = struct.pack("<II", *(int(w, 16) for w in I386["idt_gate_0"].split()[1:]))
+I386_HANDLER = int(I386["kallsyms_divide_error"], 16)
+I386_LINKED = int(I386["nm"]["asm_exc_divide_error"], 16)  # nm, vmlinux-6.1.0-50-686-pae
+
+
+def test_an_i386_gate_gives_its_handler() -> None:
+    assert I386_HANDLER == 0xD993_1CC0
+    assert gate_handler(I386_GATE, word=4) == I386_HANDLER
+    assert gate_size(4) == len(I386_GATE) == 8 and gate_size(8) == 16
+    assert gate_handler(I386_GATE) is None  # 8 bytes are no long-mode gate
+
+
+def test_the_i386_slide_is_the_handler_minus_the_linked_address() -> None:
+    i386 = table(address=I386_LINKED)
+    assert kernel_slide(I386_GATE, i386, word=4) == I386_HANDLER - I386_LINKED == 0x1800_0000
+    assert kernel_slide(I386_GATE, table(address=I386_LINKED + 0x1000), word=4) is None
+    not_present = I386_GATE[:5] + bytes([I386_GATE[5] & 0x7F]) + I386_GATE[6:]
+    assert gate_handler(not_present, word=4) is None
+    assert gate_handler(I386_GATE[:4], word=4) is None

@@ -17,7 +17,15 @@ import pytest
 
 from qmpprof.errors import MemoryFault
 from qmpprof.guest.dwarf_types import Member
-from qmpprof.guest.linux.adapter import CPUNODE_OFFSET, LinuxAdapter, TaskLayout, linux_cpu
+from qmpprof.guest.linux.adapter import (
+    CPUNODE_OFFSET,
+    PERCPU_OFFSET_32,
+    LinuxAdapter,
+    TaskLayout,
+    linux_cpu,
+    per_cpu_area_32,
+    segment_base,
+)
 from qmpprof.guest.linux.kaslr import linked_string, mismatch_banner
 from qmpprof.memory import FetchingMemory, WindowFetch, WindowMemory
 from qmpprof.model import IDLE_CONTEXT, MemoryWindow, Process
@@ -186,3 +194,86 @@ def test_a_new_connection_reads_the_boot_constants_again() -> None:
     fetched: list[int] = []
     linux.process(replace(kernel), FetchingMemory([], recording_fetch(everything, fetched), 16))
     assert areas + 8 * regs.vcpu in fetched
+
+
+#: The i386 guest (examples/linux/i386: Debian 12's 6.1.0-50-686-pae, KASLR on, one vCPU
+#: in user mode, one in the kernel), recorded by tests/unit/data/linux/i386/record_tasks.py.
+I386 = json.loads((Path(__file__).parent / "data/linux/i386/tasks.json").read_text())
+I386_NM = {name: int(address, 16) for name, address in I386["nm"].items()}
+I386_SLIDE = int(I386["kallsyms_divide_error"], 16) - I386_NM["asm_exc_divide_error"]
+I386_REGISTERS = parse_all(I386["registers"])
+
+
+def i386_adapter() -> LinuxAdapter:
+    gdb = I386["gdb_task_struct"]
+    members = {m: Member(gdb[m], gdb["comm_size"] if m == "comm" else 4) for m in gdb}
+    task = TaskLayout.from_members(members)
+    nm = I386_NM
+    linux = LinuxAdapter(
+        nm["__per_cpu_offset"],
+        nm["current_task"],
+        task,
+        top_of_stack=nm["cpu_current_top_of_stack"],
+        word=4,
+    )
+    linux.relocate(I386_SLIDE)
+    return linux
+
+
+def i386_memory(vcpu: int) -> WindowMemory:
+    return WindowMemory(window(w) for w in I386["vcpus"][vcpu]["windows"])
+
+
+def i386_offsets() -> list[int]:
+    """__per_cpu_offset[] as the guest had it: 4-byte entries."""
+    areas = I386_NM["__per_cpu_offset"] + I386_SLIDE
+    memory = i386_memory(0)
+    return [int.from_bytes(memory.read(areas + 4 * n, 4), "little") for n in range(2)]
+
+
+def test_i386_vcpus_in_user_and_kernel_mode_run_tasks_init_started() -> None:
+    started = {name: int(pid) for name, pid in I386["started"].items()}
+    assert I386_SLIDE == 0x1800_0000
+    assert sorted(regs.cpl for regs in I386_REGISTERS) == [0, 3]
+    linux = i386_adapter()
+    for regs in I386_REGISTERS:
+        process = linux.process(regs, i386_memory(regs.vcpu))
+        assert process is not None and process.name in started, process
+        assert started[process.name] == process.pid == process.tid
+
+
+def test_i386_per_cpu_offset_is_the_kernels_fs_base_or_the_gdts_per_cpu_segment() -> None:
+    """In kernel mode FS's base is the CPU's __per_cpu_offset entry; in user mode FS is
+    the user's (0) and GDT entry 27 still has it as its base."""
+    offsets = i386_offsets()
+    assert offsets[0] != offsets[1]
+    for regs in I386_REGISTERS:
+        memory = i386_memory(regs.vcpu)
+        areas = I386_NM["__per_cpu_offset"] + I386_SLIDE
+        if regs.cpl == 0:
+            assert regs.fs_base == offsets[regs.vcpu]
+        else:
+            assert regs.fs_base == 0
+            descriptor = memory.read_u64(regs.gdt_base + PERCPU_OFFSET_32)
+            assert segment_base(descriptor) == offsets[regs.vcpu]
+        assert per_cpu_area_32(areas, regs, memory) == offsets[regs.vcpu]
+        # without the GDT (an older capture): CPU n is vCPU n
+        assert (
+            per_cpu_area_32(areas, replace(regs, gdt_base=0, fs_base=0), memory)
+            == (offsets[regs.vcpu])
+        )
+
+
+def test_i386_user_registers_are_the_pt_regs_below_the_stack_top() -> None:
+    """A vCPU in the kernel on behalf of a user task: the user's registers from the 17
+    4-byte pt_regs slots 8 bytes below cpu_current_top_of_stack; the stack is 8 KiB."""
+    linux = i386_adapter()
+    (kernel,) = (regs for regs in I386_REGISTERS if regs.cpl == 0)
+    memory = i386_memory(kernel.vcpu)
+    user = linux.user_registers(kernel, memory)
+    assert user is not None
+    # recorded inside entry_SYSENTER_32, before it fills its frame's ip and sp (0 there
+    # yet): the saved CS (user mode) is what says these are a user's registers
+    assert len(user) == 17 and user[16] is not None and user[7] is not None
+    stack = linux.kernel_stack(kernel, memory)
+    assert stack is not None and stack[1] == 8192 and stack[0] % 8192 == 0

@@ -372,10 +372,28 @@ def test_an_upper_half_address_the_own_tables_miss_is_walked_from_the_upper_root
 
 
 def test_only_the_user_half_of_a_pti_pair_has_a_kernel_root_beside_it() -> None:
+    """x86-32 Linux pairs its PGDs as x86-64 does: a PAE PDPT and a 2-level page
+    directory too (its entry code clears bit 12 of CR3); paging off has none."""
     user = PagingState(CR0_PG, 0x0123_5000 | 0x800 | 1 << 63, CR4_PAE, EFER_LONG)
     assert isolated_kernel_root(user) == 0x0123_4000
     assert isolated_kernel_root(PagingState(CR0_PG, 0x0123_4000, CR4_PAE, EFER_LONG)) is None
-    assert isolated_kernel_root(PagingState(CR0_PG, 0x0123_5000, CR4_PAE, 0)) is None  # PAE
+    assert isolated_kernel_root(PagingState(CR0_PG, 0x0123_5020, CR4_PAE, 0)) == 0x0123_4020
+    assert isolated_kernel_root(PagingState(CR0_PG, 0x0123_5000, 0, 0)) == 0x0123_4000
+    assert isolated_kernel_root(PagingState(0, 0x0123_5000, 0, 0)) is None
+
+
+def test_a_32_bit_upper_root_answers_from_2_gib_up_only() -> None:
+    """A 2-level user page directory (0x5000) that maps nothing; the kernel's (0x1000)
+    maps 0xc0000000 with a 4 MiB page and 0x00400000 too: only the upper address is
+    walked from it."""
+    ram = Ram()
+    ram.entry(0x1000, 0xC0000000 >> 22, 0x0080_0000 | P | PS, size=4)
+    ram.entry(0x1000, 0x00400000 >> 22, 0x0080_0000 | P | PS, size=4)
+    user = PagingState(CR0_PG, 0x5000, CR4_PSE, 0)
+    memory = VirtualMemory(ram, user, upper_root=0x1000)
+    assert memory.translate(0xC012_3456) == 0x0092_3456
+    with pytest.raises(MemoryFault):
+        memory.translate(0x0041_2345)
 
 
 # ---- hostile memory ----

@@ -197,3 +197,12 @@ def test_the_task_state_segments_base_is_read_from_a_linux_dump() -> None:
     assert [cpu.tr_base for cpu in cpus] == [int(fields[2], 16) for fields in tr_lines]
     assert len({cpu.tr_base for cpu in cpus}) == len(cpus) > 1
     assert all(cpu.tr_base >= 0xFFFF_FE00_0000_0000 for cpu in cpus)
+
+
+def test_the_fs_base_is_parsed_for_i386_linuxs_per_cpu_area() -> None:
+    """The i386 Linux guest's dump (tests/unit/data/linux/i386/tasks.json): in kernel mode
+    FS (selector 0xd8) is the per-CPU segment, in user mode 0."""
+    recorded = json.loads((Path(__file__).parent / "data/linux/i386/tasks.json").read_text())
+    user, kernel = parse_all(recorded["registers"])
+    assert (user.cpl, user.fs_base, user.bits) == (3, 0, 32)
+    assert (kernel.cpl, kernel.fs_base, kernel.bits) == (0, 0x05C2_3000, 32)

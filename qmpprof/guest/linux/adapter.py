@@ -15,6 +15,15 @@ CPU number comes from the vCPU's GDT, where Linux keeps it for getcpu(): the lim
 descriptor GDT_ENTRY_CPUNODE is `node << 12 | cpu`. A dump without these registers (an
 older capture) falls back to CPU n = vCPU n.
 
+An i386 kernel (an ELF32 vmlinux, `word` 4) differs in three ways. Its per-CPU symbols
+are absolute addresses in the image, moved by KASLR like every other symbol, and a CPU's
+variable is at symbol + `__per_cpu_offset[cpu]` (4-byte entries). The kernel reaches
+them through FS, not GS: in kernel mode the FS base is the CPU's offset (checked against
+`__per_cpu_offset[vcpu]`, as GS is on x86-64). Otherwise (user mode, entry code before it
+loads FS) the offset is the base of the CPU's GDT descriptor GDT_ENTRY_PERCPU (27),
+which the kernel sets to it when the CPU starts. And the words read (the task pointer,
+the stack top) are 4 bytes.
+
 Labels, as perf and ps draw them: a user task is `comm (tgid)`, its pid kept as the
 thread id; a kernel thread (PF_KTHREAD in its flags, which the kernel itself tests: a
 user task that is exiting has no mm either) is `[comm]`; a CPU's idle task (pid 0,
@@ -51,6 +60,11 @@ CPUNODE_OFFSET = 15 * 8
 _CPU_MASK = 0xFFF
 #: A present, DPL 3, code-or-data descriptor: what Linux writes there.
 _USER_SEGMENT = 0xF0
+#: Where an i386 kernel's GDT keeps the per-CPU segment (GDT_ENTRY_PERCPU, 27): its base
+#: is the CPU's offset; a present, DPL 0, writable data descriptor (access byte 0x93).
+PERCPU_OFFSET_32 = 27 * 8
+_PERCPU_ACCESS_MASK = 0xFA
+_PERCPU_ACCESS = 0x92
 #: sizeof(struct pt_regs) on x86-64, and where it keeps CS (the privilege level's home).
 PT_REGS_SIZE = 21 * 8
 #: THREAD_SIZE, a task's kernel stack on x86-64 (16 KiB, 32 KiB only with KASAN), its
@@ -58,6 +72,15 @@ PT_REGS_SIZE = 21 * 8
 #: stack, and where the entry from user space saved the user's registers.
 THREAD_SIZE = 16 * 1024
 _PT_CS = PT_REGS[RIP] + 8
+#: i386's struct pt_regs (17 4-byte slots: bx cx dx si di bp ax ds es fs gs orig_ax ip
+#: cs flags sp ss), by the unwinder's (x86-64 DWARF) register numbers; it ends 8 bytes
+#: below the stack top (TOP_OF_KERNEL_STACK_PADDING), and its CS slot's upper half holds
+#: entry flags (CS_FROM_KERNEL ...). THREAD_SIZE is 8 KiB there.
+PT_REGS_32 = {3: 0, 2: 4, 1: 8, 4: 12, 5: 16, 6: 20, 0: 24, RIP: 48, 7: 60}
+PT_REGS_SIZE_32 = 17 * 4
+PT_REGS_PADDING_32 = 8
+_PT_CS_32 = 52
+THREAD_SIZE_32 = 8 * 1024
 _I32 = struct.Struct("<i")
 _U32 = struct.Struct("<I")
 
@@ -112,6 +135,7 @@ class LinuxAdapter:
         task: TaskLayout | None = None,
         banner: int | None = None,
         top_of_stack: int | None = None,
+        word: int = 8,
     ) -> None:
         self.per_cpu_offsets = per_cpu_offsets
         self.current_task = current_task
@@ -120,6 +144,8 @@ class LinuxAdapter:
         self.top_of_stack = top_of_stack
         #: linux_banner's link address: what record/relocation.py checks a slide with.
         self.banner = banner
+        #: The kernel's pointer size: 8 (x86-64), 4 (i386; see the module's docstring).
+        self.word = word
         self.bias = 0
         #: Per (vCPU, per-CPU variable), the value read for the registers of one moment:
         #: a sample asks for its task and stack top several times (the copy while paused,
@@ -143,15 +169,15 @@ class LinuxAdapter:
         current = next((facts.symbols[n] for n in _CURRENT if n in facts.symbols), None)
         banner = facts.symbols.get("linux_banner")
         if offsets is None or current is None:
-            return cls(banner=banner)
+            return cls(banner=banner, word=facts.word)
         # 6.1 has no pcpu_hot: a kernel without BTF would scan all of its DWARF for it.
         structs = {"task_struct"} | ({"pcpu_hot"} & facts.symbols.keys())
         layout = facts.types.layout(set(), structs, (*TASK_MEMBERS, "top_of_stack"))
         task = TaskLayout.from_members(layout.structs.get("task_struct", {}))
         if task is None:
-            return cls(banner=banner)
+            return cls(banner=banner, word=facts.word)
         top = _top_of_stack(facts, layout.structs.get("pcpu_hot", {}))
-        return cls(offsets, current, task, banner, top)
+        return cls(offsets, current, task, banner, top, word=facts.word)
 
     def relocate(self, bias: int) -> None:
         self.bias = bias
@@ -187,16 +213,26 @@ class LinuxAdapter:
 
     def _per_cpu_value(self, registers: RegisterSet, memory: MemoryReader, offset: int) -> int:
         """The 64-bit per-CPU variable at `offset` of this vCPU's Linux CPU (see
-        `_per_cpu_values`). Raises MemoryFault."""
+        `_per_cpu_values`); an i386 kernel's 32-bit one at symbol `offset`. Raises
+        MemoryFault."""
         key = (registers.vcpu, offset)
         known = self._per_cpu_values.get(key)
         if known is not None and known[0] is registers:
             return known[1]
-        value = memory.read_u64((self._cpu_area(registers, memory) + offset) % (1 << 64))
+        if self.word == 4:
+            value = self._per_cpu_value_32(registers, memory, offset)
+        else:
+            value = memory.read_u64((self._cpu_area(registers, memory) + offset) % (1 << 64))
         if len(self._per_cpu_values) >= 4 * MAX_CPUS:
             self._per_cpu_values.clear()
         self._per_cpu_values[key] = (registers, value)
         return value
+
+    def _per_cpu_value_32(self, registers: RegisterSet, memory: MemoryReader, symbol: int) -> int:
+        assert self.per_cpu_offsets is not None
+        remembering = self._constants.reader(memory)
+        area = per_cpu_area_32(self.per_cpu_offsets + self.bias, registers, remembering)
+        return _read_u32(memory, (area + symbol + self.bias) % (1 << 32))
 
     def _cpu_area(self, registers: RegisterSet, memory: MemoryReader) -> int:
         assert self.per_cpu_offsets is not None
@@ -211,6 +247,8 @@ class LinuxAdapter:
         top = self._stack_top(registers, memory)
         if top is None:
             return None
+        if self.word == 4:
+            return _user_registers_32(top, memory)
         saved = memory.read((top - PT_REGS_SIZE) % (1 << 64), PT_REGS_SIZE)
         if int.from_bytes(saved[_PT_CS : _PT_CS + 8], "little") & 3 != 3:
             return None
@@ -223,6 +261,8 @@ class LinuxAdapter:
         """The running task's kernel stack, (start, size); None when the kernel gave no
         way to tell. Raises MemoryFault."""
         top = self._stack_top(registers, memory)
+        if top is not None and self.word == 4:
+            return (top - THREAD_SIZE_32) % (1 << 32), THREAD_SIZE_32
         return None if top is None else ((top - THREAD_SIZE) % (1 << 64), THREAD_SIZE)
 
     def _stack_top(self, registers: RegisterSet, memory: MemoryReader) -> int | None:
@@ -283,22 +323,69 @@ class _Remembering:
     def read_u64(self, address: int) -> int:
         return self._memory.read_u64(address)
 
-    def read_constant(self, address: int, final: bool) -> int:
-        """The word at `address`, remembered once `final` says it cannot change."""
+    def read_constant(self, address: int, final: bool, size: int = 8) -> int:
+        """The `size`-byte word at `address`, remembered once `final` says it cannot
+        change."""
         known = self.constants.get(address)
         if known is not None:
-            self._memory.keep(MemoryWindow(address, known.to_bytes(8, "little")))
+            self._memory.keep(MemoryWindow(address, known.to_bytes(size, "little")))
             return known
-        value = self._memory.read_u64(address)
+        value = self._memory.read_u64(address) if size == 8 else _read_u32(self._memory, address)
         if final:
             self.constants.remember(address, value)
         return value
 
 
-def _read_constant(memory: MemoryReader, address: int, final: bool) -> int:
+def _read_constant(memory: MemoryReader, address: int, final: bool, size: int = 8) -> int:
     if isinstance(memory, _Remembering):
-        return memory.read_constant(address, final)
-    return memory.read_u64(address)
+        return memory.read_constant(address, final, size)
+    return memory.read_u64(address) if size == 8 else _read_u32(memory, address)
+
+
+def _read_u32(memory: MemoryReader, address: int) -> int:
+    return int.from_bytes(memory.read(address, 4), "little")
+
+
+def _user_registers_32(top: int, memory: MemoryReader) -> UserRegisters:
+    """An i386 task's user registers, from the pt_regs below its stack top `top`."""
+    start = (top - PT_REGS_PADDING_32 - PT_REGS_SIZE_32) % (1 << 32)
+    saved = memory.read(start, PT_REGS_SIZE_32)
+    if int.from_bytes(saved[_PT_CS_32 : _PT_CS_32 + 2], "little") & 3 != 3:
+        return None
+    values: list[int | None] = [None] * REGISTER_COUNT
+    for number, offset in PT_REGS_32.items():
+        values[number] = int.from_bytes(saved[offset : offset + 4], "little")
+    return values
+
+
+def per_cpu_area_32(areas: int, registers: RegisterSet, memory: MemoryReader) -> int:
+    """Where this vCPU's per-CPU variables are on an i386 kernel (`areas`: where
+    `__per_cpu_offset` is in the guest): the offset to add to a per-CPU symbol's
+    address. In kernel mode the FS base, once `__per_cpu_offset[vcpu]` says it is the
+    kernel's; else the base of GDT_ENTRY_PERCPU; else `__per_cpu_offset[vcpu]` (CPU n =
+    vCPU n). Raises MemoryFault."""
+    vcpu = registers.vcpu
+    final = isinstance(memory, _Remembering) and memory.constants.final_offsets
+    own = _read_constant(memory, (areas + 4 * vcpu) % (1 << 32), final, size=4)
+    kernel_fs = registers.fs_base if registers.cpl == 0 else 0
+    if kernel_fs and own == kernel_fs:
+        if isinstance(memory, _Remembering):
+            memory.constants.final_offsets = True
+        return own
+    if not registers.gdt_base:
+        return own
+    address = (registers.gdt_base + PERCPU_OFFSET_32) % (1 << 32)
+    descriptor = _read_constant(memory, address, final=False)
+    if (descriptor >> 40) & _PERCPU_ACCESS_MASK != _PERCPU_ACCESS:
+        return own
+    if registers.cpl == 3 and isinstance(memory, _Remembering):
+        memory.constants.remember(address, descriptor)
+    return segment_base(descriptor)
+
+
+def segment_base(descriptor: int) -> int:
+    """The base address of a segment descriptor (an 8-byte GDT entry)."""
+    return (descriptor >> 16) & 0xFF_FFFF | ((descriptor >> 56) & 0xFF) << 24
 
 
 def _top_of_stack(facts: KernelFacts, pcpu_hot: Mapping[str, Member]) -> int | None:
