@@ -91,7 +91,7 @@ FORMATS = (
         Format.SPEEDSCOPE, (".speedscope.json",), _from_samples("speedscope", "write_speedscope")
     ),
     OutputFormat(Format.SVG, (".svg",), _from_samples("flamegraph", "write_flamegraph")),
-    OutputFormat(Format.PPROF, (".pb.gz", ".pb"), _from_samples("pprof", "write_pprof")),
+    OutputFormat(Format.PPROF, (".pb.gz", ".pb", ".pprof"), _from_samples("pprof", "write_pprof")),
     OutputFormat(Format.QMPCAP, (".qmpcap",), None),
 )
 _BY_FORMAT = {output.format: output for output in FORMATS}
