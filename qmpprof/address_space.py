@@ -154,9 +154,10 @@ class AddressSpace:
         self._words: dict[int, int | None] = {}
         self._all_words = frozenset(m.module.word for m in self.mappings)
         #: Where the kernel's half starts: a 32-bit kernel's upper gigabytes, else x86-64's.
-        tops = (ADDRESS_END, ADDRESS_END_32)
-        halves = [m.start for m in self.mappings if m.kernel and m.end in tops]
-        self._kernel_floor = min(halves, default=KERNEL_HALF)
+        #: A kernel mapped up to the top covers a half; its modules cut it into pieces.
+        kernel = [m.start for m in self.mappings if m.kernel]
+        whole = any(m.kernel and m.end in (ADDRESS_END, ADDRESS_END_32) for m in self.mappings)
+        self._kernel_floor = min(kernel) if whole else KERNEL_HALF
 
     def mapping_at(self, address: int) -> Mapping | None:
         index = bisect.bisect_right(self._starts, address) - 1

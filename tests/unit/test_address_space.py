@@ -13,10 +13,24 @@ from pathlib import Path
 
 import pytest
 
-from qmpprof.address_space import AddressSpace, Mapping, kernel_mapping, user_mapping
+from qmpprof.address_space import (
+    AddressSpace,
+    Mapping,
+    kernel_mapping,
+    kernel_mappings,
+    user_mapping,
+)
 from qmpprof.analysis import Analyzer
 from qmpprof.errors import MemoryFault
-from qmpprof.model import KERNEL_HALF, FrameAddress, FrameKind, MemoryWindow, RawSample, RegisterSet
+from qmpprof.model import (
+    KERNEL_HALF,
+    FrameAddress,
+    FrameKind,
+    KernelModule,
+    MemoryWindow,
+    RawSample,
+    RegisterSet,
+)
 from qmpprof.modules import Module, load_module
 from qmpprof.symbols.symbolizer import Symbolizer
 from tests.linux_vm import kernel_abis
@@ -158,3 +172,15 @@ def test_a_64_bit_kernels_half_is_x86_64s(chain_module: Module) -> None:
     space = AddressSpace([kernel_mapping(chain_module, KERNEL_HALF), *user_mapping(chain_module)])
     assert space.in_kernel(KERNEL_HALF) and space.in_kernel((1 << 64) - 1)
     assert not space.in_kernel(KERNEL_HALF - 1) and not space.in_kernel(0xC000_0000)
+
+
+def test_the_kernel_half_starts_where_it_did_before_modules_cut_it(chain_module: Module) -> None:
+    """A loaded module cuts the kernel's mapping in pieces, the last reaching the top:
+    the half still starts at x86-64's, and every piece's addresses are the kernel's."""
+    module = KernelModule("loop", 0xFFFF_FFFF_C000_0000, 0x4000)
+    mappings = kernel_mappings(chain_module, KERNEL_HALF, (module,))
+    space = AddressSpace([*mappings, *user_mapping(chain_module)])
+    assert len(mappings) == 3 and space.kernel_floor == KERNEL_HALF
+    inside = (KERNEL_HALF, module.base, module.end, (1 << 64) - 1)
+    assert all(space.in_kernel(address) for address in inside)
+    assert not space.in_kernel(KERNEL_HALF - 1)
