@@ -34,9 +34,15 @@ from tests.unit.conftest import build_elf
 def kaslr_guest(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LinuxGuest]:
-    workdir = tmp_path_factory.mktemp("kaslr")
-    with running_linux(workdir, "--smp", "2", abi=request.param) as guest:
-        yield guest
+    """The guest booted with KASLR on, once more when KASLR left the kernel at its link
+    address (a slide of 0 is one of its few hundred choices: seen once, on 5.10), which
+    would leave nothing to test; a second such boot fails the test."""
+    for attempt in range(2):
+        workdir = tmp_path_factory.mktemp("kaslr")
+        with running_linux(workdir, "--smp", "2", abi=request.param) as guest:
+            if attempt or guest_slide(guest) != 0:
+                yield guest
+                return
 
 
 def guest_slide(guest: LinuxGuest) -> int:
