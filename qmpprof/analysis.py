@@ -213,12 +213,17 @@ class Analyzer:
         `memory`: where to read (a FetchingMemory while the guest is paused); `raw`'s
         windows by default."""
         memory = memory if memory is not None else WindowMemory(raw.windows)
-        stack = self._unwind(raw, memory)
         missing = []
-        try:
-            stack = self._with_user_side(raw, stack, memory)
-        except MemoryFault as fault:
-            missing.append(fault.address)
+        if not raw.windows:
+            leaf = FrameAddress(raw.registers.pc, FrameKind.INSTRUCTION)
+            stack = UnwoundStack((leaf,), StopReason.NO_STACK)
+        else:  # one address space for both unwinds (its key hashes the process's maps)
+            space = self._space_and_symbolizer(raw)[0]
+            stack = self._unwind(raw, memory, space)
+            try:
+                stack = self._with_user_side(raw, stack, memory, space)
+            except MemoryFault as fault:
+                missing.append(fault.address)
         if stack.stop is StopReason.FAULT and stack.fault_address is not None:
             missing.insert(0, stack.fault_address)
         try:
@@ -229,15 +234,12 @@ class Analyzer:
         return Examined(CapturedSample(raw, stack, process), tuple(missing))
 
     def _with_user_side(
-        self, raw: RawSample, stack: UnwoundStack, memory: MemoryReader
+        self, raw: RawSample, stack: UnwoundStack, memory: MemoryReader, space: AddressSpace
     ) -> UnwoundStack:
         """A kernel stack that never got back to user space, continued from the user
         registers the OS saved when the task entered the kernel (as perf does): the
         kernel's own tables mark some entry and exit code as the end of the stack.
         Raises MemoryFault."""
-        if not raw.windows:
-            return stack
-        space = self._space_and_symbolizer(raw)[0]
         kernel_half = space.kernel_floor
         if any(f.address < kernel_half for f in stack.frames):
             return stack
@@ -256,12 +258,8 @@ class Analyzer:
         frames = (*stack.frames, first, *rest.frames[1:])
         return UnwoundStack(frames, rest.stop, rest.fault_address)
 
-    def _unwind(self, raw: RawSample, memory: MemoryReader) -> UnwoundStack:
+    def _unwind(self, raw: RawSample, memory: MemoryReader, space: AddressSpace) -> UnwoundStack:
         regs = raw.registers
-        if not raw.windows:
-            leaf = FrameAddress(regs.pc, FrameKind.INSTRUCTION)
-            return UnwoundStack((leaf,), StopReason.NO_STACK)
-        space = self._space_and_symbolizer(raw)[0]
         registers = dwarf_registers(regs)
         word = word_for(regs.bits)
         return unwind(registers, memory, space, self.strategy, space.code, self.max_depth, word)

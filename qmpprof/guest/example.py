@@ -6,7 +6,7 @@ from pathlib import Path
 
 from qmpprof.guest.adapter import KernelFacts, UserRegisters, task_fields
 from qmpprof.guest.dwarf_types import KernelLayout, read_layout
-from qmpprof.memory import MemoryReader
+from qmpprof.memory import MemoryReader, read_word
 from qmpprof.model import KERNEL_ONLY, Process, RegisterSet
 
 
@@ -54,7 +54,7 @@ class ExampleGuestAdapter:
 
     def process(self, registers: RegisterSet, memory: MemoryReader) -> Process | None:
         slot = self.cpu_current + self.bias + self.word * registers.vcpu
-        pointer = int.from_bytes(memory.read(slot, self.word), "little")
+        pointer = read_word(memory, slot, self.word)
         if pointer == 0:
             return KERNEL_ONLY
         return self.fields.read(memory, pointer)

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from qmpprof.guest.adapter import NAME_LIMIT, KernelFacts, UserRegisters, task_name
 from qmpprof.guest.dwarf_types import Member
-from qmpprof.memory import FetchingMemory, MemoryReader
+from qmpprof.memory import FetchingMemory, MemoryReader, read_word
 from qmpprof.model import IDLE_CONTEXT, MemoryWindow, Process, RegisterSet
 from qmpprof.unwind.orc import PT_REGS
 from qmpprof.unwind.rules import REGISTER_COUNT, RIP
@@ -232,7 +232,7 @@ class LinuxAdapter:
         assert self.per_cpu_offsets is not None
         remembering = self._constants.reader(memory)
         area = per_cpu_area_32(self.per_cpu_offsets + self.bias, registers, remembering)
-        return _read_u32(memory, (area + symbol + self.bias) % (1 << 32))
+        return read_word(memory, area + symbol + self.bias, 4)
 
     def _cpu_area(self, registers: RegisterSet, memory: MemoryReader) -> int:
         assert self.per_cpu_offsets is not None
@@ -330,7 +330,7 @@ class _Remembering:
         if known is not None:
             self._memory.keep(MemoryWindow(address, known.to_bytes(size, "little")))
             return known
-        value = self._memory.read_u64(address) if size == 8 else _read_u32(self._memory, address)
+        value = read_word(self._memory, address, size)
         if final:
             self.constants.remember(address, value)
         return value
@@ -339,11 +339,7 @@ class _Remembering:
 def _read_constant(memory: MemoryReader, address: int, final: bool, size: int = 8) -> int:
     if isinstance(memory, _Remembering):
         return memory.read_constant(address, final, size)
-    return memory.read_u64(address) if size == 8 else _read_u32(memory, address)
-
-
-def _read_u32(memory: MemoryReader, address: int) -> int:
-    return int.from_bytes(memory.read(address, 4), "little")
+    return read_word(memory, address, size)
 
 
 def _user_registers_32(top: int, memory: MemoryReader) -> UserRegisters:
