@@ -119,7 +119,7 @@ def test_fp_guest_agrees_with_gdb(gdb_guest: tuple[Guest, GdbMi]) -> None:
 @pytest.mark.parametrize("gdb_guest", ["nofp"], indirect=True)
 def test_nofp_guest_agrees_with_gdb_through_cfi(gdb_guest: tuple[Guest, GdbMi]) -> None:
     guest, gdb = gdb_guest
-    pauses = int(os.environ.get("QMPPROF_GDB_PAUSES", "200"))
+    pauses = int(os.environ.get("QMPPROF_GDB_PAUSES", "140"))
     tallies = run_pauses(guest, gdb, pauses, ("auto", "fp"), "nofp guest")
     print(tallies["auto"].report("nofp guest, --unwind auto (CFI)"))
     print(tallies["fp"].report("nofp guest, --unwind fp (frame pointers alone)"))
@@ -190,7 +190,7 @@ def test_user_workload_on_two_vcpus_agrees_with_gdb(
     user_gdb_guest: tuple[Guest, GdbMi],
 ) -> None:
     guest, gdb = user_gdb_guest
-    pauses = int(os.environ.get("QMPPROF_GDB_PAUSES", "200"))
+    pauses = int(os.environ.get("QMPPROF_GDB_PAUSES", "140"))
     tallies = run_user_workload_pauses(guest, gdb, pauses, "user workload")
     assert tallies["user"].pauses > 0 and tallies["kernel"].pauses > 0
     assert tallies["user"].agreement >= REQUIRED_AGREEMENT

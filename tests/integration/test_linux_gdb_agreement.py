@@ -424,8 +424,12 @@ class Agreement:
             return
         kernel = kernel_part_agrees(observed, ours_kernel)
         if observed.kind != USER_TASK_KERNEL:
+            # Mid context switch RSP is already on the next task's stack while `current`
+            # still names the idle task or kernel thread switched out: the next task's
+            # user frames may follow (seen: swapper/0 in __switch_to over a pread).
+            user_allowed = switching_address_space(seen)
             self.classes[observed.kind].add(
-                kernel and not ours_user, observed, observed.kernel, ours
+                kernel and (user_allowed or not ours_user), observed, observed.kernel, ours
             )
             return
         self.classes[USER_TASK_KERNEL].add(kernel, observed, observed.kernel, ours)

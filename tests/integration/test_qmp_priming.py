@@ -127,7 +127,10 @@ async def test_sampling_with_primed_commands_leaves_the_vm_running_and_replies_i
         assert stats.ticks > 1 and stats.failed == 0, stats.last_error
         assert (stats.paused_s > 0) != nonblocking
         assert all(one.raw.error is None for one in taken)
-        assert all(len(analyzer.symbolize(one).frames) > 1 for one in taken)
+        unwound = [len(analyzer.symbolize(one).frames) > 1 for one in taken]
+        # A stack read while its vCPU runs may still be torn after the retakes
+        # (RecordStats.still_torn), and a torn read can end at its first frame.
+        assert all(unwound) if not nonblocking else any(unwound)
         assert (await session.execute("query-status"))["status"] == "running"
         assert parse_all(await session.hmp(REGISTERS))
     finally:
