@@ -86,8 +86,16 @@ def _header(record: RecordStats, title: str) -> str:
     # The figures first: a long socket path is what gets cut in a narrow terminal.
     return (
         f"{record.rate_hz:.1f} ticks/s  late {record.late}  failed {record.failed}  "
-        f"VM paused {paused:.1f}%  — qmpprof top {visible(title)}"
+        f"VM paused {paused:.1f}%  {_retakes(record)}— qmpprof top {visible(title)}"
     )
+
+
+def _retakes(record: RecordStats) -> str:
+    """--nonblocking's torn stacks (as the record summary gives them): vCPU samples
+    taken again, and those published torn all the same; nothing while none tore."""
+    if not record.retaken and not record.still_torn:
+        return ""
+    return f"retaken {record.retaken}  still torn {record.still_torn}  "
 
 
 def _modes(stats: TopStats) -> str:

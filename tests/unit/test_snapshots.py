@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,12 @@ def test_top_frame(name: str, state: ViewState) -> None:
 def test_top_without_a_terminal() -> None:
     text = plain_snapshot(top_stats(), STATS, ViewState(rows=8), "/run/vm/qmp.sock")
     assert_snapshot("top_plain.txt", text + "\n")
+
+
+def test_top_says_what_nonblocking_did_about_torn_stacks() -> None:
+    torn = replace(STATS, paused_s=0.0, retaken=7, retakes=6, still_torn=1)
+    header = plain_snapshot(top_stats(), torn, ViewState(rows=8), "/run/vm/qmp.sock")
+    assert header.splitlines()[0] == (
+        "32.0 ticks/s  late 3  failed 0  VM paused 0.0%  retaken 7  still torn 1  "
+        "— qmpprof top /run/vm/qmp.sock"
+    )
