@@ -86,6 +86,43 @@ _U32 = struct.Struct("<I")
 
 
 @dataclass(frozen=True)
+class _EntryFrame:
+    """What an entry from user space leaves below a task's kernel stack top, for one
+    pointer size: struct pt_regs (`size` bytes of `word`-byte slots, `registers` by
+    DWARF number, CS at `cs`) ending `padding` bytes below the top of a stack of
+    `thread_size` bytes."""
+
+    registers: Mapping[int, int]
+    size: int
+    padding: int
+    cs: int
+    word: int
+    thread_size: int
+
+    def user_registers(self, top: int, memory: MemoryReader) -> UserRegisters:
+        """The user's registers saved below `top`; None when the saved CS is not ring
+        3's (a kernel thread, the idle task). Raises MemoryFault."""
+        start = (top - self.padding - self.size) % (1 << 8 * self.word)
+        saved = memory.read(start, self.size)
+        if saved[self.cs] & 3 != 3:
+            return None
+        values: list[int | None] = [None] * REGISTER_COUNT
+        for number, offset in self.registers.items():
+            values[number] = int.from_bytes(saved[offset : offset + self.word], "little")
+        return values
+
+    def kernel_stack(self, top: int) -> tuple[int, int]:
+        """The task's kernel stack (start, size) that ends at `top`."""
+        return (top - self.thread_size) % (1 << 8 * self.word), self.thread_size
+
+
+_ENTRY_FRAME_64 = _EntryFrame(PT_REGS, PT_REGS_SIZE, 0, _PT_CS, 8, THREAD_SIZE)
+_ENTRY_FRAME_32 = _EntryFrame(
+    PT_REGS_32, PT_REGS_SIZE_32, PT_REGS_PADDING_32, _PT_CS_32, 4, THREAD_SIZE_32
+)
+
+
+@dataclass(frozen=True)
 class TaskLayout:
     """Where task_struct keeps what a label needs: offsets into the span of
     `size` bytes at `start` in the task, read at once."""
@@ -146,6 +183,7 @@ class LinuxAdapter:
         self.banner = banner
         #: The kernel's pointer size: 8 (x86-64), 4 (i386; see the module's docstring).
         self.word = word
+        self._entry = _ENTRY_FRAME_32 if word == 4 else _ENTRY_FRAME_64
         self.bias = 0
         #: Per (vCPU, per-CPU variable), the value read for the registers of one moment:
         #: a sample asks for its task and stack top several times (the copy while paused,
@@ -245,25 +283,13 @@ class LinuxAdapter:
         entry from user space (system call, interrupt, exception) saves the user's
         registers; None when they are not a user's (a kernel thread, the idle task)."""
         top = self._stack_top(registers, memory)
-        if top is None:
-            return None
-        if self.word == 4:
-            return _user_registers_32(top, memory)
-        saved = memory.read((top - PT_REGS_SIZE) % (1 << 64), PT_REGS_SIZE)
-        if int.from_bytes(saved[_PT_CS : _PT_CS + 8], "little") & 3 != 3:
-            return None
-        values: list[int | None] = [None] * REGISTER_COUNT
-        for number, offset in PT_REGS.items():
-            values[number] = int.from_bytes(saved[offset : offset + 8], "little")
-        return values
+        return None if top is None else self._entry.user_registers(top, memory)
 
     def kernel_stack(self, registers: RegisterSet, memory: MemoryReader) -> tuple[int, int] | None:
         """The running task's kernel stack, (start, size); None when the kernel gave no
         way to tell. Raises MemoryFault."""
         top = self._stack_top(registers, memory)
-        if top is not None and self.word == 4:
-            return (top - THREAD_SIZE_32) % (1 << 32), THREAD_SIZE_32
-        return None if top is None else ((top - THREAD_SIZE) % (1 << 64), THREAD_SIZE)
+        return None if top is None else self._entry.kernel_stack(top)
 
     def _stack_top(self, registers: RegisterSet, memory: MemoryReader) -> int | None:
         if self.top_of_stack is None or self.per_cpu_offsets is None:
@@ -342,18 +368,6 @@ def _read_constant(memory: MemoryReader, address: int, final: bool, size: int = 
     return read_word(memory, address, size)
 
 
-def _user_registers_32(top: int, memory: MemoryReader) -> UserRegisters:
-    """An i386 task's user registers, from the pt_regs below its stack top `top`."""
-    start = (top - PT_REGS_PADDING_32 - PT_REGS_SIZE_32) % (1 << 32)
-    saved = memory.read(start, PT_REGS_SIZE_32)
-    if int.from_bytes(saved[_PT_CS_32 : _PT_CS_32 + 2], "little") & 3 != 3:
-        return None
-    values: list[int | None] = [None] * REGISTER_COUNT
-    for number, offset in PT_REGS_32.items():
-        values[number] = int.from_bytes(saved[offset : offset + 4], "little")
-    return values
-
-
 def per_cpu_area_32(areas: int, registers: RegisterSet, memory: MemoryReader) -> int:
     """Where this vCPU's per-CPU variables are on an i386 kernel (`areas`: where
     `__per_cpu_offset` is in the guest): the offset to add to a per-CPU symbol's
@@ -368,15 +382,28 @@ def per_cpu_area_32(areas: int, registers: RegisterSet, memory: MemoryReader) ->
         if isinstance(memory, _Remembering):
             memory.constants.final_offsets = True
         return own
+    descriptor = _linux_descriptor(
+        registers, memory, PERCPU_OFFSET_32, _PERCPU_ACCESS_MASK, _PERCPU_ACCESS, 32
+    )
+    return own if descriptor is None else segment_base(descriptor)
+
+
+def _linux_descriptor(
+    registers: RegisterSet, memory: MemoryReader, offset: int, mask: int, access: int, bits: int
+) -> int | None:
+    """The vCPU's GDT descriptor at `offset`, if its access byte under `mask` is `access`
+    (the shape Linux writes there); None without a GDT base or in another shape. One
+    read in a user-mode sample is final (the CPU started before it ran user code) and
+    is remembered. Raises MemoryFault."""
     if not registers.gdt_base:
-        return own
-    address = (registers.gdt_base + PERCPU_OFFSET_32) % (1 << 32)
+        return None
+    address = (registers.gdt_base + offset) % (1 << bits)
     descriptor = _read_constant(memory, address, final=False)
-    if (descriptor >> 40) & _PERCPU_ACCESS_MASK != _PERCPU_ACCESS:
-        return own
+    if (descriptor >> 40) & mask != access:
+        return None
     if registers.cpl == 3 and isinstance(memory, _Remembering):
         memory.constants.remember(address, descriptor)
-    return segment_base(descriptor)
+    return descriptor
 
 
 def segment_base(descriptor: int) -> int:
@@ -410,12 +437,7 @@ def linux_cpu(areas: int, registers: RegisterSet, memory: MemoryReader) -> int:
         if isinstance(memory, _Remembering):
             memory.constants.final_offsets = True
         return vcpu
-    if not registers.gdt_base:
-        return vcpu
-    address = (registers.gdt_base + CPUNODE_OFFSET) % (1 << 64)
-    descriptor = _read_constant(memory, address, final=False)
-    if (descriptor >> 40) & _USER_SEGMENT != _USER_SEGMENT:
-        return vcpu
-    if registers.cpl == 3 and isinstance(memory, _Remembering):
-        memory.constants.remember(address, descriptor)
-    return descriptor & _CPU_MASK
+    descriptor = _linux_descriptor(
+        registers, memory, CPUNODE_OFFSET, _USER_SEGMENT, _USER_SEGMENT, 64
+    )
+    return vcpu if descriptor is None else descriptor & _CPU_MASK
