@@ -54,12 +54,13 @@ MEMBERS = ("pid", "tgid", "flags", "comm")
 PAGE = 4096
 
 
-def nm_symbols(vmlinux: Path) -> dict[str, int]:
+def nm_symbols(vmlinux: Path, names: tuple[str, ...] = SYMBOLS) -> dict[str, int]:
+    """The addresses nm gives these symbols of `vmlinux`."""
     out = subprocess.run(["nm", str(vmlinux)], capture_output=True, text=True, check=True)
     found = {}
     for line in out.stdout.splitlines():
         address, _, name = line.split(" ", 2)
-        if name in SYMBOLS:
+        if name in names:
             found[name] = int(address, 16)
     return found
 

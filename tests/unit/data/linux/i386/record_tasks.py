@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from qmpprof.model import MemoryWindow
 from qmpprof.target.memory import open_memory
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.registers import parse_all
+from tests.unit.data.linux.record_tasks import MEMBERS, gdb_offsets, nm_symbols
 
 OUT = Path(__file__).with_name("tasks.json")
 KERNEL = Path.home() / ".cache/qmpprof/linux/6.1.0-50-686-pae/vmlinux"
@@ -53,29 +53,9 @@ SYMBOLS = (
     "linux_banner",
     "asm_exc_divide_error",
 )
-MEMBERS = ("pid", "tgid", "flags", "comm")
 PAGE = 4096
 PAGE_OFFSET = 0xC000_0000
 LOWMEM_END = 0xF800_0000
-
-
-def nm_symbols(vmlinux: Path) -> dict[str, int]:
-    out = subprocess.run(["nm", str(vmlinux)], capture_output=True, text=True, check=True)
-    found = {}
-    for line in out.stdout.splitlines():
-        address, _, name = line.split(" ", 2)
-        if name in SYMBOLS:
-            found[name] = int(address, 16)
-    return found
-
-
-def gdb_offsets(vmlinux: Path) -> dict[str, int]:
-    commands = [f"print (long)&((struct task_struct *)0)->{m}" for m in MEMBERS]
-    commands.append("print sizeof(((struct task_struct *)0)->comm)")
-    args = ["gdb", "-batch", "-nx", *(x for c in commands for x in ("-ex", c)), str(vmlinux)]
-    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
-    values = [int(v) for v in re.findall(r"^\$\d+ = (\d+)$", out, re.MULTILINE)]
-    return dict(zip((*MEMBERS, "comm_size"), values, strict=True))
 
 
 async def record(
@@ -153,7 +133,7 @@ async def record(
 
 def main() -> None:
     qmp, serial, ram = sys.argv[1:4]
-    symbols = nm_symbols(KERNEL)
+    symbols = nm_symbols(KERNEL, SYMBOLS)
     offsets = gdb_offsets(KERNEL)
     captured = asyncio.run(record(qmp, serial, ram, symbols, offsets))
     document = {
