@@ -22,6 +22,7 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$HERE/lib.sh"
 QEMU=${QEMU:-qemu-system-x86_64}
 READY_LINE='qmpprof-linux: ready'
 MEMORY=256M
@@ -63,13 +64,7 @@ done
 [[ $append =~ ^[A-Za-z0-9_.,=\ -]*$ ]] || die "--append takes plain kernel arguments like 'pti=on'"
 command -v "$QEMU" >/dev/null || die "$QEMU not found"
 qmp=$(realpath -m -- "$qmp")
-gdb_device=''
-if [[ $gdb =~ ^[0-9]+$ ]]; then
-    ((gdb > 0 && gdb < 65536)) || die "--gdb PORT must be 1..65535"
-    gdb=127.0.0.1:$gdb gdb_device=tcp:$gdb,server=on,wait=off
-elif [[ -n $gdb ]]; then
-    gdb=$(realpath -m -- "$gdb") gdb_device=unix:$gdb,server=on,wait=off
-fi
+gdb_endpoint
 serial=$(realpath -m -- "${serial:-${qmp%.sock}-serial.log}")
 
 mkdir -p "$HERE/build"
@@ -93,10 +88,7 @@ args=(-accel tcg -display none -no-reboot -m "$MEMORY" -smp "$smp" -name qmpprof
       -serial "file:$serial" -qmp "unix:$qmp,server=on,wait=off"
       -daemonize -pidfile "$pidfile")
 [[ -n $gdb_device ]] && args+=(-gdb "$gdb_device")
-if [[ -n $membackend ]]; then
-    args+=(-object "memory-backend-file,id=mem,size=$MEMORY,mem-path=$(realpath -m -- "$membackend"),share=on"
-           -machine memory-backend=mem)
-fi
+[[ -n $membackend ]] && memory_backend "$membackend" "$MEMORY"
 # A second QMP monitor: another client (a benchmark watching for STOP) next to qmpprof.
 [[ -n $extra_qmp ]] && args+=(-qmp "unix:$(realpath -m -- "$extra_qmp"),server=on,wait=off")
 rm -f "$serial"

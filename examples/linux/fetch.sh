@@ -26,6 +26,7 @@
 # with --libc: libc=<dir> version=<V> other_libc=<dir or empty> other_version=<V or empty>,
 # and for the older release dev=<dir> (libc6-dev's tree: gcc --sysroot=<dir>).
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # The kernels the tests boot: bookworm's own 6.1, bookworm-backports' 6.12 and
 # bullseye's 5.10 (the last of Debian 11's kernels the package registry serves).
@@ -103,19 +104,6 @@ deb() {
         found=$(compgen -G "$pattern" | head -n 1)
     fi
     echo "$found"
-}
-
-# extract DEB MEMBER TARGET: one file of a package, written whole or not at all. tar
-# stops at the member (--occurrence): the debug vmlinux comes before thousands of
-# modules, so this reads a tenth of the archive, and dpkg-deb dies of SIGPIPE.
-extract() {
-    echo "fetch.sh: extracting $2 from $(basename "$1")" >&2
-    local status
-    status=$(set +o pipefail
-        dpkg-deb --fsys-tarfile "$1" 2>/dev/null | tar -xOf - --occurrence=1 "$2" >"$3.part"
-        echo "${PIPESTATUS[1]}")
-    [[ $status == 0 && -s $3.part ]] || { echo "fetch.sh: no $2 in $1" >&2; exit 1; }
-    mv "$3.part" "$3"
 }
 
 # fetch ABI: both files of one kernel, then its three lines on stdout.

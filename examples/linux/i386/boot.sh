@@ -25,6 +25,7 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$HERE/../lib.sh"
 QEMU=${QEMU:-qemu-system-i386}
 READY_LINE='qmpprof-linux32: ready'
 MEMORY=512M
@@ -69,13 +70,7 @@ done
 [[ $cpu =~ ^[A-Za-z0-9_.,=+-]*$ ]] || die "--cpu takes a QEMU CPU model like max or pentium3"
 command -v "$QEMU" >/dev/null || die "$QEMU not found"
 qmp=$(realpath -m -- "$qmp")
-gdb_device=''
-if [[ $gdb =~ ^[0-9]+$ ]]; then
-    ((gdb > 0 && gdb < 65536)) || die "--gdb PORT must be 1..65535"
-    gdb=127.0.0.1:$gdb gdb_device=tcp:$gdb,server=on,wait=off
-elif [[ -n $gdb ]]; then
-    gdb=$(realpath -m -- "$gdb") gdb_device=unix:$gdb,server=on,wait=off
-fi
+gdb_endpoint
 serial=$(realpath -m -- "${serial:-${qmp%.sock}-serial.log}")
 
 cache=${QMPPROF_CACHE:-$HOME/.cache/qmpprof}
@@ -97,10 +92,7 @@ args=(-accel tcg -display none -no-reboot -m "$MEMORY" -smp "$smp" -name qmpprof
       -daemonize -pidfile "$pidfile")
 [[ -n $cpu ]] && args+=(-cpu "$cpu")
 [[ -n $gdb_device ]] && args+=(-gdb "$gdb_device")
-if [[ -n $membackend ]]; then
-    args+=(-object "memory-backend-file,id=mem,size=$MEMORY,mem-path=$(realpath -m -- "$membackend"),share=on"
-           -machine memory-backend=mem)
-fi
+[[ -n $membackend ]] && memory_backend "$membackend" "$MEMORY"
 
 attempt=0
 while :; do

@@ -21,6 +21,7 @@
 #
 # Prints on stdout: vmlinuz=<path> vmlinux=<path> vdso=<path> abi=<ABI> debs=<dir>
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
 DEFAULT_ABI=6.1.0-50-686-pae
 cache=${QMPPROF_CACHE:-$HOME/.cache/qmpprof}
@@ -65,17 +66,6 @@ deb() {
         found=$(compgen -G "$pattern" | head -n 1)
     fi
     echo "$found"
-}
-
-# extract DEB MEMBER TARGET: one file of a package, whole or not at all (../fetch.sh's).
-extract() {
-    echo "fetch.sh: extracting $2 from $(basename "$1")" >&2
-    local status
-    status=$(set +o pipefail
-        dpkg-deb --fsys-tarfile "$1" 2>/dev/null | tar -xOf - --occurrence=1 "$2" >"$3.part"
-        echo "${PIPESTATUS[1]}")
-    [[ $status == 0 && -s $3.part ]] || { echo "fetch.sh: no $2 in $1" >&2; exit 1; }
-    mv "$3.part" "$3"
 }
 
 # latest: the newest 6.1 686-pae ABI the lists know (linux-image-686-pae's dependency).
