@@ -27,6 +27,10 @@ SYSROOT = BUILD / "sysroot"
 #: Beside a sysroot: the same with another version of libc6 (the wrong libc), if the
 #: archive offered one.
 OTHER_LIBC_SYSROOT = "sysroot-other-libc"
+#: Where a context switch has loaded the next task's CR3 or stack but `current` is still
+#: the task switched out (switch_mm_irqs_off's CR3 write, then switch_to): a sample there
+#: has the next task's frames under the old task's name.
+MID_SWITCH = frozenset({"switch_mm_irqs_off", "__switch_to_asm", "__switch_to"})
 #: Beside a sysroot: what fetch.sh --libc said (libc=DIR version=V other_libc=DIR
 #: other_version=V).
 LIBC_ENV = "libc.env"

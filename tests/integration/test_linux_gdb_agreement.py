@@ -54,6 +54,7 @@ from tests.integration.gdb_mi import (
 )
 from tests.linux_vm import (
     BOOT,
+    MID_SWITCH,
     LinuxGuest,
     kernel_slide,
     module_debug_file,
@@ -555,11 +556,6 @@ def saving_user_registers(observed: Observed) -> bool:
     `getppid`), so the whole stack has no oracle there; its kernel part still counts."""
     leaf = observed.kernel[0].function if observed.kernel else None
     return leaf is not None and ENTRY.fullmatch(leaf) is not None
-
-
-#: Where a context switch has loaded the next task's CR3 but `current` is still the
-#: task switched out (switch_mm_irqs_off's CR3 write, then switch_to).
-MID_SWITCH = {"switch_mm_irqs_off", "__switch_to_asm", "__switch_to"}
 
 
 def switching_address_space(observed: Observed) -> bool:

@@ -20,7 +20,14 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import run_cached
-from tests.linux_vm import BUILD, LinuxGuest, nm_symbols, running_linux, started_pids
+from tests.linux_vm import (
+    BUILD,
+    MID_SWITCH,
+    LinuxGuest,
+    nm_symbols,
+    running_linux,
+    started_pids,
+)
 
 WORKLOAD = BUILD / "sysloop"
 #: sysloop's helpers and the C library call each one makes (workloads/sysloop.c).
@@ -121,7 +128,14 @@ def test_every_sample_that_is_not_idle_is_labelled_with_its_task(
     assert NO_TASK not in recording, counts
     for name, stacks in recording.items():
         if name != label:  # sysloop's code runs under sysloop's pid alone
-            assert not any(is_user(frame) for stack in stacks for frame in stack), name
+            settled = [stack for stack in stacks if not switching(stack)]
+            assert not any(is_user(frame) for stack in settled for frame in stack), name
+
+
+def switching(stack: Stack) -> bool:
+    """A sample mid context switch: on the next task's stack (sysloop's, seen under
+    [kworker/0:1]) while `current` still names the task switched out."""
+    return any(frame.name in MID_SWITCH for frame in stack)
 
 
 def test_kernel_samples_of_sysloop_show_its_user_frames_below(

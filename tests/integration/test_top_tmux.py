@@ -158,7 +158,10 @@ def test_record_keeps_its_profile_when_the_terminal_closes(guest: Guest, workdir
     needs_tmux()
     session = "qmpprof-record-kill"
     output = workdir / "p.folded"
-    args = record_args(guest.qmp, guest.kernel, 300, output, "--rate", "300")
+    # --idle: every sample taken is written. Killed after its first ticks, a fresh
+    # guest's samples may all be idle (a quarter of them are), and a profile without
+    # idle samples is then empty with nothing lost.
+    args = record_args(guest.qmp, guest.kernel, 300, output, "--rate", "300", "--idle")
     with in_tmux(session, "exec " + qmpprof_command(*args), workdir, keep_stderr=False) as pid:
         wait_for_session_text(session, lambda text: " Hz" in text and "0 samples" not in text, 60)
         tmux("kill-session", "-t", session)
