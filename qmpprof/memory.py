@@ -37,21 +37,29 @@ class WindowMemory:
     def __init__(self, windows: Iterable[MemoryWindow]) -> None:
         #: (base, end, data): every unwound frame reads here, so the ends are computed once.
         self._windows = [(w.base, w.base + len(w.data), w.data) for w in windows if w.data]
+        #: The window the last read found: an unwind reads one stack a while.
+        self._last = self._windows[0] if self._windows else (1, 0, b"")
 
     def read(self, address: int, size: int) -> bytes:
-        for base, end, data in self._windows:
-            start = address - base
-            if start >= 0 and address + size <= end:
-                return data[start : start + size]
-        raise MemoryFault(address, size)
+        base, end, data = self._last
+        if address < base or address + size > end:
+            base, _, data = self._find(address, size)
+        start = address - base
+        return data[start : start + size]
 
     def read_u64(self, address: int) -> int:
-        for base, end, data in self._windows:
-            start = address - base
-            if start >= 0 and address + 8 <= end:
-                value: int = _U64.unpack_from(data, start)[0]
-                return value
-        raise MemoryFault(address, 8)
+        base, end, data = self._last
+        if address < base or address + 8 > end:
+            base, _, data = self._find(address, 8)
+        value: int = _U64.unpack_from(data, address - base)[0]
+        return value
+
+    def _find(self, address: int, size: int) -> tuple[int, int, bytes]:
+        for window in self._windows:
+            if window[0] <= address and address + size <= window[1]:
+                self._last = window
+                return window
+        raise MemoryFault(address, size)
 
 
 #: Fetches a window holding [address, address + size) from the paused guest, or one

@@ -50,12 +50,23 @@ _FRAME_4M = 0xFFC0_0000
 _PSE36_BITS = 0x001F_E000  # a 4 MiB PDE's bits 13..20 are physical bits 32..39
 
 _U64 = struct.Struct("<Q")
+#: One page-table entry, by its size.
+_ENTRIES = {8: _U64, 4: struct.Struct("<I")}
 
 
 class PhysicalReader(Protocol):
     """Reads guest physical memory. Raises MemoryFault (with the address) on failure."""
 
     def read_physical(self, address: int, size: int) -> bytes: ...
+
+
+class WordReader(PhysicalReader, Protocol):
+    """A PhysicalReader whose small reads cost no system call (a mapped file): a walk
+    reads each table entry it needs instead of the entry's whole table page."""
+
+    def read_word(self, address: int, size: int) -> int:
+        """The little-endian `size`-byte word at physical `address`. Raises MemoryFault."""
+        ...
 
 
 class PagingMode(Enum):
@@ -202,6 +213,8 @@ class VirtualMemory:
         self.physical = physical
         self.state = state
         self._read = physical.read_physical
+        #: Where a table entry is read alone (WordReader), else None: its page, whole.
+        self._read_word = getattr(physical, "read_word", None)
         mode = state.mode
         self._levels = _levels(state, mode)
         self._root = _root(state, mode)
@@ -214,7 +227,14 @@ class VirtualMemory:
         self._tables = TableCache() if tables is None else tables
         self._entry_size = self._levels[0][2] if self._levels else 8
         self._entries = self._tables.entries[self._entry_size]
-        self._steps = _steps(self._levels)
+        steps = _steps(self._levels)
+        #: The levels above the last, walked from the top; the last one, walked from
+        #: the table `_leaf_tables` may remember (a stack's pages share it).
+        self._upper_steps, self._last_step = steps[:-1], steps[-1] if steps else (0, 0, 0, 0)
+        #: The leaf-level tables found from the vCPU's own root, by the region (2 MiB,
+        #: 4 MiB with 32-bit paging) of addresses each one maps.
+        self._leaf_tables: dict[int, int] = {}
+        self._region_shift = steps[-2][0] if len(steps) > 1 else 64
 
     @classmethod
     def from_registers(cls, physical: PhysicalReader, registers: RegisterSet) -> VirtualMemory:
@@ -223,6 +243,7 @@ class VirtualMemory:
     def flush(self) -> None:
         """Forget every cached translation (the guest may have changed its tables)."""
         self._cache.clear()
+        self._leaf_tables.clear()
         self._tables.clear()
 
     def translate(self, address: int) -> int:
@@ -350,22 +371,28 @@ class VirtualMemory:
         if not self._levels:
             return address & ~_PAGE_OFFSET, PAGE_SIZE
         try:
-            return self._walk_tables(address, self._root)
+            return self._walk_tables(address, self._root, size)
         except MemoryFault as err:  # name the virtual address, as for a not-present entry
             if self._upper_root is None or address < self._upper_start:
                 raise MemoryFault(address, size) from err
         try:
-            return self._walk_tables(address, self._upper_root)
+            return self._walk_tables(address, self._upper_root, size)
         except MemoryFault as err:
             raise MemoryFault(address, size) from err
 
-    def _walk_tables(self, address: int, root: int) -> tuple[int, int]:
+    def _walk_tables(self, address: int, root: int, size: int) -> tuple[int, int]:
         """(frame, bytes mapped from it) in at most five table reads; raises MemoryFault
         for any unreadable or not-present entry (with whichever address: `_walk`
-        renames it)."""
+        renames it). From the vCPU's own root, a leaf table found before is read
+        again directly: the pages of a stack share theirs."""
+        own = root == self._root
+        if own:
+            table = self._leaf_tables.get(address >> self._region_shift)
+            if table is not None:
+                return self._leaf(address, table, size)
         table = root
         entries = self._entries
-        for shift, offset_shift, offset_mask, large_frame in self._steps:
+        for shift, offset_shift, offset_mask, large_frame in self._upper_steps:
             entry_address = table + ((address >> offset_shift) & offset_mask)
             entry = entries.get(entry_address)
             if entry is None:
@@ -377,27 +404,76 @@ class VirtualMemory:
                 frame = _large_page(entry, self._entry_size, large_frame)
                 return frame | offset, (1 << shift) - offset
             table = entry & _ADDRESS_MASK
-        return table, PAGE_SIZE
+        if own:
+            if len(self._leaf_tables) >= CACHE_LIMIT:
+                self._leaf_tables.clear()
+            self._leaf_tables[address >> self._region_shift] = table
+        return self._leaf(address, table, size)
+
+    def _leaf(self, address: int, table: int, size: int) -> tuple[int, int]:
+        """The last level's step of a walk: the 4 KiB frame the entry in `table` maps.
+        A read of `size` bytes that goes on into the next pages reads their entries
+        too, in one piece, and keeps the pages they map (a stack's window)."""
+        _, offset_shift, offset_mask, _ = self._last_step
+        offset = (address >> offset_shift) & offset_mask
+        entry_size = self._entry_size
+        more = min(
+            ((address & _PAGE_OFFSET) + size - 1) >> PAGE_SHIFT,
+            (offset_mask - offset) // entry_size,
+            CACHE_LIMIT - len(self._cache),
+        )
+        if more > 0 and self._read_word is not None:
+            data = self._read(table + offset, (more + 1) * entry_size)
+            if len(data) != (more + 1) * entry_size:
+                raise MemoryFault(address)
+            entries = _ENTRIES[entry_size].iter_unpack(data)
+            entry = next(entries)[0]
+            if not entry & _PRESENT:
+                raise MemoryFault(address)
+            self._keep_pages((address >> PAGE_SHIFT) + 1, (e for (e,) in entries))
+            return entry & _ADDRESS_MASK, PAGE_SIZE
+        entry_address = table + offset
+        entry = self._entries.get(entry_address)
+        if entry is None:
+            entry = self._read_entry(entry_address)
+        if not entry & _PRESENT:
+            raise MemoryFault(address)
+        return entry & _ADDRESS_MASK, PAGE_SIZE
+
+    def _keep_pages(self, page: int, entries: Iterator[int]) -> None:
+        """The frames of the pages from `page` on, as long as their `entries` map one."""
+        cache = self._cache
+        for entry in entries:
+            if not entry & _PRESENT:
+                return
+            cache[page] = (entry & _ADDRESS_MASK, PAGE_SIZE)
+            page += 1
 
     def _read_entry(self, entry_address: int) -> int:
-        """The entry at `entry_address`, from its table page (read whole once); kept."""
-        entry_size = self._entry_size
+        """The entry at `entry_address`, alone from a WordReader, else from its table
+        page (read whole once); kept."""
         if len(self._entries) >= TABLE_ENTRIES_LIMIT:
             self._entries.clear()
+        if self._read_word is not None:
+            entry: int = self._read_word(entry_address, self._entry_size)
+        else:
+            entry = self._entry_from_page(entry_address)
+        self._entries[entry_address] = entry
+        return entry
+
+    def _entry_from_page(self, entry_address: int) -> int:
         page = entry_address & ~_PAGE_OFFSET
         pages = self._tables.pages
         table = pages.get(page)
         if table is None:
             table = self._read(page, PAGE_SIZE)
             if len(table) != PAGE_SIZE:
-                raise MemoryFault(entry_address, entry_size)
+                raise MemoryFault(entry_address, self._entry_size)
             if len(pages) >= TABLE_PAGES_LIMIT:
                 pages.clear()
             pages[page] = table
         offset = entry_address & _PAGE_OFFSET
-        entry = int.from_bytes(table[offset : offset + entry_size], "little")
-        self._entries[entry_address] = entry
-        return entry
+        return int.from_bytes(table[offset : offset + self._entry_size], "little")
 
 
 def _large_page(entry: int, entry_size: int, frame_mask: int) -> int:

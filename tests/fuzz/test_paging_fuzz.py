@@ -122,6 +122,33 @@ def test_page_walk_over_random_memory(seed: int) -> None:
         assert physical & (PAGE_SIZE - 1) == address & (PAGE_SIZE - 1)
 
 
+def outcome(read: Callable[..., object], *arguments: int) -> object:
+    try:
+        return read(*arguments)
+    except MemoryFault:
+        return "fault"
+
+
+@settings(max_examples=cases(100))
+@given(seed=st.integers(0, 1 << 64))
+@counted
+def test_a_word_reader_walks_as_a_page_reader_does(seed: int) -> None:
+    """Entries read alone, and a window's leaf entries in one piece (a mapped RAM file),
+    translate every page as whole table pages read once do."""
+    rng = random.Random(seed)
+    state = random_state(rng)
+    pages = VirtualMemory(RandomRam(seed), state)
+    words = VirtualMemory(WordRandomRam(seed), state)
+    for _ in range(8):
+        address, size = random_address(rng), random_size(rng)
+        for read in ("read_prefix", "read"):
+            wanted = outcome(getattr(pages, read), address, size)
+            assert outcome(getattr(words, read), address, size) == wanted
+        for page in range(4):  # those the window's read may have kept
+            at = address + page * PAGE_SIZE
+            assert outcome(words.translate, at) == outcome(pages.translate, at)
+
+
 # -- 32-bit paging (2 levels of 4-byte entries, 4 MiB pages with CR4.PSE) and PAE -------
 #
 # Tables drawn at random, each translation checked against a walk written here from the
@@ -158,6 +185,22 @@ def _entries32(words: tuple[int, ...]) -> bytes:
             entry |= (word >> 12 & 0x3FF) << 22
         entries.append(entry & 0xFFFF_FFFF)
     return struct.pack(f"<{len(entries)}I", *entries)
+
+
+class WordReads(RandomRam):
+    """Also reads single words (paging.WordReader, as a mapped RAM file does): the
+    walker then reads entries alone, and a window's leaf entries in one piece."""
+
+    def read_word(self, address: int, size: int) -> int:
+        return int.from_bytes(self.read_physical(address, size), "little")
+
+
+class WordRandomRam(WordReads, RandomRam):
+    pass
+
+
+class WordRandomRam32(WordReads, RandomRam32):
+    pass
 
 
 def _entry(ram: RandomRam, address: int, size: int) -> int | None:
@@ -238,12 +281,13 @@ def check_against(
         assert memory.read_u64(address) == int.from_bytes(wanted, "little")
 
 
+@pytest.mark.parametrize("reads", [RandomRam32, WordRandomRam32])
 @settings(max_examples=cases(100))
 @given(seed=st.integers(0, 1 << 64))
 @counted
-def test_32_bit_paging_translates_as_the_manual_says(seed: int) -> None:
+def test_32_bit_paging_translates_as_the_manual_says(reads: type[RandomRam], seed: int) -> None:
     rng = random.Random(seed)
-    ram = RandomRam32(seed)
+    ram = reads(seed)
     cr4 = rng.choice([0, _CR4_PSE])
     cr3 = rng.randrange(PAGES) * PAGE_SIZE | rng.choice([0, 0x18])  # PWT/PCD ignored
     state = PagingState(_CR0_PG | 1, cr3, cr4, 0)
@@ -253,12 +297,13 @@ def test_32_bit_paging_translates_as_the_manual_says(seed: int) -> None:
         check_against(memory, ram, reference_legacy, address32(rng))
 
 
+@pytest.mark.parametrize("reads", [RandomRam, WordRandomRam])
 @settings(max_examples=cases(100))
 @given(seed=st.integers(0, 1 << 64))
 @counted
-def test_pae_paging_translates_as_the_manual_says(seed: int) -> None:
+def test_pae_paging_translates_as_the_manual_says(reads: type[RandomRam], seed: int) -> None:
     rng = random.Random(seed)
-    ram = RandomRam(seed)
+    ram = reads(seed)
     cr3 = rng.randrange(PAGES) * PAGE_SIZE + rng.randrange(PAGE_SIZE // 32) * 32
     cr4 = _CR4_PAE | rng.choice([0, _CR4_PSE])  # PSE changes nothing under PAE
     state = PagingState(_CR0_PG | 1, cr3, cr4, rng.choice([0, 1 << 11]))  # NXE alone

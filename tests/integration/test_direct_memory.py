@@ -111,6 +111,9 @@ async def _check_vcpu(
         if physical is not None and ours:
             mapped += 1
             assert direct.physical.read_physical(physical, 64) == ours
+            read_word = getattr(direct.physical, "read_word", None)
+            if read_word is not None:  # the RAM file's: how a walk reads a table entry
+                assert read_word(physical, 8) == int.from_bytes(ours[:8], "little")
             assert await _pmemsave(session, physical, 64, workdir) == ours
     if regs.bits == 64:  # the capture step's stack window, across several pages
         window = (regs.vcpu, regs.rsp - 128, 16384 + 128)

@@ -53,6 +53,14 @@ class Ram:
         self.data[address : address + len(data)] = data
 
 
+class WordRam(Ram):
+    """Ram that also reads single words (paging.WordReader, as a mapped RAM file does):
+    a walk then reads the entries it needs, not their table pages."""
+
+    def read_word(self, address: int, size: int) -> int:
+        return int.from_bytes(self.read_physical(address, size), "little")
+
+
 def long4_kernel_page(ram: Ram) -> VirtualMemory:
     """0xffffffff80123000 → 0x7000 through PML4 0x1000, PDPT 0x2000, PD 0x3000, PT 0x4000
     (indexes 511, 510, 0, 0x123), the PTE with NX and ignored high bits set."""
@@ -277,18 +285,59 @@ def two_pages(ram: Ram) -> VirtualMemory:
     return VirtualMemory(ram, LONG4)
 
 
-def test_a_read_across_pages_is_translated_page_by_page() -> None:
-    memory = two_pages(Ram())
+@pytest.mark.parametrize("ram", [Ram, WordRam])
+def test_a_read_across_pages_is_translated_page_by_page(ram: type[Ram]) -> None:
+    memory = two_pages(ram())
     assert memory.read(0x40_0FF8, 16) == bytes(range(16))
     assert memory.read_u64(0x40_0FFC) == int.from_bytes(bytes(range(4, 12)), "little")
 
 
-def test_a_read_into_an_unmapped_page_faults_and_the_prefix_stops_there() -> None:
-    memory = two_pages(Ram())
+@pytest.mark.parametrize("ram", [Ram, WordRam])
+def test_a_read_into_an_unmapped_page_faults_and_the_prefix_stops_there(ram: type[Ram]) -> None:
+    memory = two_pages(ram())
     with pytest.raises(MemoryFault):
         memory.read(0x40_1FF8, 16)
     assert memory.read_prefix(0x40_0FF8, 3 * 4096) == bytes(range(16)) + bytes(4096 - 8)
     assert memory.read_prefix(0x40_2000, 64) == b""
+
+
+def stack_pages(ram: Ram) -> VirtualMemory:
+    """VA 0x40_0000.. → frames 0x9000, 0x5000, 0x8000, 0x6000 (PT entries 0-3 of the
+    table at 0x4000), entry 4 not present, entry 5 → 0x7000; each page filled with its
+    own byte: 1, 2, 3, 4 (and 6)."""
+    ram.entry(0x1000, 0, 0x2000 | P)
+    ram.entry(0x2000, 0, 0x3000 | P)
+    ram.entry(0x3000, 2, 0x4000 | P)
+    for index, frame in enumerate((0x9000, 0x5000, 0x8000, 0x6000, None, 0x7000)):
+        if frame is not None:
+            ram.entry(0x4000, index, frame | P)
+            ram.fill(frame, bytes([index + 1]) * 4096)
+    return VirtualMemory(ram, LONG4)
+
+
+def test_a_word_reader_reads_a_windows_leaf_entries_in_one_piece() -> None:
+    ram = WordRam()
+    memory = stack_pages(ram)
+    prefix = memory.read_prefix(0x40_0800, 6 * 4096)
+    assert prefix == b"\x01" * 2048 + b"\x02" * 4096 + b"\x03" * 4096 + b"\x04" * 4096
+    # PML4E, PDPTE, PDE alone; PTEs 0-5 in one read; the four pages' data; PTE 4
+    # again, alone (a page not present is not kept), where the window ends.
+    assert ram.reads == 3 + 1 + 4 + 1
+    reads = ram.reads
+    assert memory.translate(0x40_3000) == 0x6000  # kept: no walk
+    assert ram.reads == reads
+    with pytest.raises(MemoryFault):
+        memory.translate(0x40_4000)
+    assert memory.translate(0x40_5000) == 0x7000  # past the hole: its own walk
+
+
+def test_a_word_reader_walks_a_leaf_table_once_for_a_regions_pages() -> None:
+    ram = WordRam()
+    memory = stack_pages(ram)
+    assert memory.translate(0x40_0000) == 0x9000
+    reads = ram.reads
+    assert memory.translate(0x40_2000) == 0x8000
+    assert ram.reads == reads + 1  # the PTE alone: the leaf table's address was kept
 
 
 def two_megabyte_page_at_the_end_of_ram(ram: Ram) -> VirtualMemory:
