@@ -62,6 +62,11 @@ _TSS_RSP0 = 4
 REGISTERS = "info registers -a"
 
 
+def registers_of(vcpu: int) -> str:
+    """The HMP command that gives one vCPU's registers (its `CPU#n` block alone)."""
+    return f"info registers {vcpu}"
+
+
 @dataclass(frozen=True)
 class CaptureConfig:
     """What to capture each tick."""
@@ -144,7 +149,7 @@ class Capturer:
         copying = isinstance(self._memory, DirectMemory) and not self._config.unwind_paused
         each = self._copied if copying else self._one
         now = time.time()
-        registers = await self._registers(first, then)
+        registers = await self._registers(first, then, only)
         return [await each(regs, now) for regs in registers if not only or regs.vcpu in only]
 
     async def finish(self, taken: Taken) -> list[CapturedSample]:
@@ -159,9 +164,14 @@ class Capturer:
             await self._modules.check(samples)
         return samples
 
-    async def _registers(self, first: str | None, then: str | None) -> list[RegisterSet]:
-        """The selected vCPUs' registers, `first` run just before; memory reads set up."""
-        registers = parse_all(await self._session.hmp(REGISTERS, first=first))
+    async def _registers(
+        self, first: str | None, then: str | None, only: Collection[int] = ()
+    ) -> list[RegisterSet]:
+        """The selected vCPUs' registers, `first` run just before; memory reads set up.
+        `only` one vCPU (a retake's): its registers alone, half the text for QEMU to
+        write and for us to parse."""
+        command = registers_of(next(iter(only))) if len(only) == 1 else REGISTERS
+        registers = parse_all(await self._session.hmp(command, first=first))
         if then is not None and not self._memory.through_monitor:
             self._session.prime(then)
         self._memory.set_registers(registers)

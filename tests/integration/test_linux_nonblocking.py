@@ -22,7 +22,9 @@ from qmpprof.commands.connect import connected
 from qmpprof.console.summary import render_summary
 from qmpprof.model import CapturedSample, RecordStats
 from qmpprof.profile import Profile
+from qmpprof.record.capture import registers_of
 from qmpprof.record.sampler import MAX_RETAKES, LoopConfig, sample_loop, switched_task
+from qmpprof.target.qmp import QmpSession
 from tests.linux_vm import BUILD, LinuxGuest, running_linux
 
 WORKLOADS = tuple(BUILD / name for name in ("crunch", "crunchnofp", "sysloop", "pinned", "sleeper"))
@@ -53,13 +55,28 @@ async def sampled(
     monkeypatch.setattr(analyzer, "is_torn", told_torn)
     published: list[CapturedSample] = []
     async with connected(options, analyzer) as (session, _, capturer):
+        asked = asked_registers(session, monkeypatch)
         run_events = session.run_event_count
         config = LoopConfig(1 / RATE_HZ, SECONDS, nonblocking=True)
         stats = await sample_loop(session, capturer, config, asyncio.Event(), published.extend)
         assert session.run_event_count == run_events, "a STOP or RESUME: the VM was paused"
         assert (await session.execute("query-status"))["status"] == "running"
     torn = [s for s in published if switched_task(s) or analyzer.symbolize(s).torn]
+    assert registers_of(judged[0].raw.vcpu) in asked, "the retake did not ask for its vCPU alone"
     return stats, published, torn, judged
+
+
+def asked_registers(session: QmpSession, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The HMP command lines `session` sends from now on, as they go."""
+    asked: list[str] = []
+    hmp = session.hmp
+
+    async def recorded(command_line: str, cpu: int | None = None, first: str | None = None) -> str:
+        asked.append(command_line)
+        return await hmp(command_line, cpu, first)
+
+    monkeypatch.setattr(session, "hmp", recorded)
+    return asked
 
 
 def test_nonblocking_retakes_what_tore_and_counts_what_stayed_torn(
