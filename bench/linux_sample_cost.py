@@ -27,6 +27,12 @@ sample_cost.py does on the example guest:
   cpu_per_vcpu_sample_ms  the stop path's CPU per tick over the vCPUs it sampled: what
                one vCPU sample costs this process (issue 27's figure)
   connect_cpu_ms  the CPU time of opening the connection as `record` does (once a run)
+  baseline_cpu_per_vcpu_sample_ms, tree_cpu_per_vcpu_sample_ms  with --baseline REV
+               (issue 27's baseline, 267d6a9, by default; `none`: not measured) and
+               the default --kernel memory --ram file: the CPU per vCPU sample of the
+               stop path of commit REV's qmpprof and of this tree's, each in a process
+               of its own (bench/tree_cost.py), taking turns in every round on the same
+               guest; after_over_before is their ratio (issue 27's target: 0.25)
 the least and greatest stop/floor ratio of the tick and of the pause over the rounds
 (each round's medians: how far the host's noise moves the ratio), and, over every
 captured sample, the memory windows read per sample and the share of kernel-mode
@@ -40,11 +46,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import io
+import itertools
 import json
+import os
 import pstats
+import subprocess
 import sys
+import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
@@ -65,6 +78,9 @@ BUILD = ROOT / "examples" / "linux" / "build"
 WORKLOADS = tuple(BUILD / name for name in ("crunch", "crunchnofp", "sysloop", "pinned", "sleeper"))
 #: The samples each stop tick captured, and what analysis made of them.
 Kept = list[tuple[CapturedSample, Sample]]
+#: Issue 27's baseline: the code before its work, measured beside this tree.
+BASELINE = "267d6a9"
+TREE_COST = Path(__file__).with_name("tree_cost.py")
 
 
 class StopRound(NamedTuple):
@@ -118,13 +134,16 @@ def measure(args: argparse.Namespace) -> Measured:
     """The floor's and the stop path's times, taking turns; the samples; the ABI."""
     names = ["floor", "stop", "analysis", "paused_stop", "floor_pause", "stop_pause"]
     names += ["paused_stop_pause", "floor_cpu", "stop_cpu", "paused_stop_cpu", "connect_cpu"]
+    names += ["baseline_cpu_per_vcpu_sample", "tree_cpu_per_vcpu_sample"]
     times: dict[str, list[float]] = {name: [] for name in names}
-    round_ratios: dict[str, list[float]] = {"tick": [], "pause": []}
+    round_ratios: dict[str, list[float]] = {"tick": [], "pause": [], "after_over_before": []}
     kept: Kept = []
+    side_by_side = args.kernel == "memory" and args.ram == "file"
     with (
         tempfile.TemporaryDirectory(prefix="qmpprof-bench-") as directory,
         scratch_ram_file() as ram,
         running_linux(Path(directory), *ram_arguments(args.ram, ram), abi=args.abi) as guest,
+        baseline_tree(args.baseline if side_by_side else "none") as baseline,
     ):
         mem_path = ram if args.ram == "file" else None
         from_vmlinux = args.kernel == "vmlinux"
@@ -157,9 +176,61 @@ def measure(args: argparse.Namespace) -> Measured:
             times["paused_stop"] += exact.path
             times["paused_stop_pause"] += exact.pauses
             times["paused_stop_cpu"].append(exact.cpu_per_tick)
+            if baseline is not None:
+                before, after = turns(baseline, guest.qmp, ram, args.samples, Path(directory))
+                times["baseline_cpu_per_vcpu_sample"].append(before)
+                times["tree_cpu_per_vcpu_sample"].append(after)
+                round_ratios["after_over_before"].append(after / before)
         if args.profile:
             profile_stop(options, analyzer, args.samples, args.profile)
         return Measured(times, round_ratios, kept, guest.abi)
+
+
+@contextmanager
+def baseline_tree(revision: str) -> Iterator[Path | None]:
+    """The qmpprof package of commit `revision` extracted into a temporary directory;
+    None (and a line saying why) for `none` or where this clone does not hold it."""
+    if revision == "none":
+        yield None
+        return
+    command = ["git", "-C", str(ROOT), "archive", "--format=tar", revision, "qmpprof"]
+    try:
+        archive = subprocess.run(command, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as error:
+        reason = getattr(error, "stderr", b"") or str(error).encode()
+        print(f"baseline {revision} not measured: {reason.decode(errors='replace').strip()}")
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="qmpprof-baseline-") as directory:
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(directory, filter="data")
+        yield Path(directory)
+
+
+def turns(baseline: Path, socket: str, ram: str, ticks: int, work: Path) -> tuple[float, float]:
+    """(baseline's, this tree's) CPU seconds per vCPU sample, measured one after the
+    other in an order that alternates from call to call."""
+    trees = [("baseline", baseline), ("tree", ROOT)]
+    order = trees if next(_TURN) % 2 == 0 else trees[::-1]
+    cost = {
+        name: tree_cost(tree, socket, ram, ticks, work / f"derived-{name}") for name, tree in order
+    }
+    return cost["baseline"], cost["tree"]
+
+
+_TURN = itertools.count()
+
+
+def tree_cost(tree: Path, socket: str, ram: str, ticks: int, cache: Path) -> float:
+    """The CPU ms per vCPU sample of `tree`'s stop path (bench/tree_cost.py, a process of
+    its own, with a derived cache of its own: another version may keep other entries)."""
+    command = [sys.executable, str(TREE_COST), str(tree), socket, ram, "--ticks", str(ticks)]
+    environment = os.environ | {"QMPPROF_DERIVED_CACHE": str(cache)}
+    done = subprocess.run(command, capture_output=True, text=True, env=environment, check=False)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise SystemExit(f"tree_cost.py on {tree} failed: {done.stderr.strip()[-800:]}")
+    result = json.loads(done.stdout.splitlines()[-1])
+    return float(result["cpu_s"]) / max(int(result["samples"]), 1)
 
 
 def ram_arguments(ram: str, path: str) -> tuple[str, ...]:
@@ -200,6 +271,12 @@ def main() -> None:
     parser.add_argument("--abi", help="the Debian kernel to boot (boot.sh's default if none)")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile top N")
     parser.add_argument(
+        "--baseline",
+        default=BASELINE,
+        metavar="REV",
+        help=f"the commit measured beside this tree (default {BASELINE}, issue 27's; none)",
+    )
+    parser.add_argument(
         "--ram", choices=("file", "proc"), default="file", help="how qmpprof reads guest RAM"
     )
     parser.add_argument(
@@ -210,7 +287,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     times, round_ratios, kept, abi = measure(args)
-    ms = {name: round(median(values) * 1000, 3) for name, values in times.items()}
+    ms = {name: round(median(values) * 1000, 3) for name, values in times.items() if values}
     figures = sample_figures(kept)
     vcpus = figures["samples"] / (args.rounds * args.samples)  # every stop tick, each vCPU
     ms["cpu_per_vcpu_sample"] = round(ms["stop_cpu"] / vcpus, 3) if vcpus else float("nan")
@@ -230,6 +307,7 @@ def main() -> None:
     spread = {
         what: (round(min(values), 2), round(max(values), 2))
         for what, values in round_ratios.items()
+        if values
     }
     print(
         f"stop/floor per round: tick {spread['tick'][0]:.2f}-{spread['tick'][1]:.2f}x, "
@@ -240,15 +318,26 @@ def main() -> None:
         f"--unwind-paused {ms['paused_stop_cpu']:.3f} ms; connecting {ms['connect_cpu']:.1f} ms"
     )
     print(f"our CPU per vCPU sample: {ms['cpu_per_vcpu_sample']:.3f} ms ({vcpus:g} vCPUs)")
+    after_over_before = None
+    if times["tree_cpu_per_vcpu_sample"]:
+        before, after = ms["baseline_cpu_per_vcpu_sample"], ms["tree_cpu_per_vcpu_sample"]
+        after_over_before = round(after / before, 2)
+        low, high = (min(round_ratios["after_over_before"]), max(round_ratios["after_over_before"]))
+        print(
+            f"CPU per vCPU sample, each tree in a process of its own, taking turns: baseline "
+            f"{args.baseline} {before:.3f} ms, this tree {after:.3f} ms: after/before "
+            f"{after_over_before:.2f} ({low:.2f}-{high:.2f} by round; issue 27's target 0.25)"
+        )
     print(
         f"{figures['windows_per_sample']} memory windows per sample (max "
         f"{figures['windows_max']}); {figures['kernel_into_user']} of "
         f"{figures['kernel_samples']} kernel samples reach user space "
         f"({figures['kernel_into_user_share']}); {figures['user_samples']} user samples"
     )
-    summary = {"abi": abi, "ram": args.ram, "kernel": args.kernel}
+    summary = {"abi": abi, "ram": args.ram, "kernel": args.kernel, "baseline": args.baseline}
     summary |= {f"{name}_ms": value for name, value in ms.items()}
-    ratios = {"stop_over_floor": ratio, "paused_stop_over_floor": paused_ratio}
+    ratios: dict[str, float | None] = {"stop_over_floor": ratio}
+    ratios |= {"paused_stop_over_floor": paused_ratio, "after_over_before": after_over_before}
     per_round = {f"{what}_ratio_range": list(bounds) for what, bounds in spread.items()}
     print(json.dumps(summary | ratios | {"pause_over_floor": pause_ratio} | per_round | figures))
 
