@@ -103,6 +103,9 @@ class Analyzer:
         #: Where the kernel came from, when not from a file: one line for the summary.
         self.kernel_source: str | None = None
         self._spaces: dict[object, tuple[AddressSpace, Symbolizer]] = {}
+        #: Counts the changes of the kernel, its modules and the files known: a sample
+        #: examined at one generation is examined again at another.
+        self.generation = 0
         self.kernel_modules: tuple[KernelModule, ...] = ()
         self.kernel_module_files: dict[str, Module] = {}
 
@@ -111,7 +114,7 @@ class Analyzer:
         connected), at its link address until `relocate_kernel`."""
         self.kernel, self.adapter, self.kernel_types = kernel, adapter, types
         self.biases.pop(kernel.name, None)
-        self._spaces.clear()
+        self._changed()
 
     def forget_kernel(self) -> None:
         """Analyze without a kernel again (the one read from memory did not check)."""
@@ -119,7 +122,7 @@ class Analyzer:
             self.biases.pop(self.kernel.name, None)
         self.kernel, self.adapter, self.kernel_types = None, GenericAdapter(), None
         self.kernel_source = None
-        self._spaces.clear()
+        self._changed()
 
     @property
     def kernel_bias(self) -> int:
@@ -133,7 +136,7 @@ class Analyzer:
         if self.kernel is None:
             return
         self.biases[self.kernel.name] = bias
-        self._spaces.clear()
+        self._changed()
         self.adapter.relocate(bias)
 
     def place_kernel_modules(
@@ -145,7 +148,7 @@ class Analyzer:
         before it (by base) is left out: guest data is hostile."""
         self.kernel_modules = self._disjoint(sorted(loaded, key=lambda m: (m.base, m.end)))
         self.kernel_module_files = dict(files or {})
-        self._spaces.clear()
+        self._changed()
 
     def _disjoint(self, loaded: list[KernelModule]) -> tuple[KernelModule, ...]:
         if self.kernel is None:
@@ -161,7 +164,13 @@ class Analyzer:
 
     def forget_address_spaces(self) -> None:
         """Build each sample's address space anew: `files` knows more files now."""
+        self._changed()
+
+    def _changed(self) -> None:
+        """What examines a sample changed: address spaces are built anew, and an
+        examination made before may not be what one would make now (`generation`)."""
         self._spaces.clear()
+        self.generation += 1
 
     def kernel_module_at(self, address: int) -> KernelModule | None:
         """The placed module whose text holds `address`, if any."""

@@ -110,6 +110,10 @@ class Capturer:
             analyzer.adapter.new_connection()  # a capturer a connection: maybe a new boot
         #: Per vCPU, the addresses its recent samples had to fetch (see _complete).
         self._needed: dict[int, list[int]] = {}
+        #: Per halted vCPU, its last sample and the analyzer's generation then (_unchanged).
+        self._halted: dict[int, tuple[int, CapturedSample]] = {}
+        #: How many samples were a halted vCPU's last one again (_unchanged).
+        self.unchanged_halted = 0
 
     @property
     def analyzer(self) -> Analyzer:
@@ -130,7 +134,8 @@ class Capturer:
         cannot be read yields a sample whose RawSample has `error` set instead.
         """
         now = time.time()
-        samples = [await self._one(regs, now) for regs in await self._registers(first, then)]
+        registers = await self._registers(first, then)
+        samples = [self._unchanged(regs, now) or await self._one(regs, now) for regs in registers]
         return await self.finish(samples)
 
     async def take(
@@ -138,7 +143,8 @@ class Capturer:
     ) -> Taken:
         """The part of `capture` that needs the VM paused, for a caller that resumes it
         before `finish` does the rest; `only`: these vCPUs of those selected (a
-        nonblocking retake of the torn ones), else all of them.
+        nonblocking retake of the torn ones, read anew), else all of them (a halted
+        vCPU unchanged since its last sample is that sample again: `_unchanged`).
 
         Where guest RAM is read on this host (unless `unwind_paused`), that is a copy of
         the memory the unwind will read, as perf copies a stack: the stack from RSP up
@@ -150,7 +156,9 @@ class Capturer:
         each = self._copied if copying else self._one
         now = time.time()
         registers = await self._registers(first, then, only)
-        return [await each(regs, now) for regs in registers if not only or regs.vcpu in only]
+        if only:  # a retake: what tore is read anew
+            return [await each(regs, now) for regs in registers if regs.vcpu in only]
+        return [self._unchanged(regs, now) or await each(regs, now) for regs in registers]
 
     async def finish(self, taken: Taken) -> list[CapturedSample]:
         """The samples of a tick `take` began: copies examined (the VM may run again)."""
@@ -162,7 +170,33 @@ class Capturer:
         ]
         if self._modules is not None:
             await self._modules.check(samples)
+        for sample in samples:
+            self._remember_halted(sample)
         return samples
+
+    def _unchanged(self, regs: RegisterSet, now: float) -> CapturedSample | None:
+        """The vCPU's last sample again, taken at `now`, if it was halted then and is
+        halted now with every register the same: it has not run since, or it ran and
+        came back to the very same halt, with the same stack and task. The idle vCPUs
+        of a lightly loaded VM, most of its samples, are then not read and unwound
+        again each tick (a vCPU not halted always is: its memory moves under it)."""
+        if not regs.halted:
+            return None
+        last = self._halted.get(regs.vcpu)
+        if last is None or last[0] != self._analyzer.generation:
+            return None
+        sample = last[1]
+        if sample.raw.registers != regs:
+            return None
+        self.unchanged_halted += 1
+        return replace(sample, raw=replace(sample.raw, time=now))
+
+    def _remember_halted(self, sample: CapturedSample) -> None:
+        vcpu = sample.raw.vcpu
+        if sample.raw.registers.halted:
+            self._halted[vcpu] = (self._analyzer.generation, sample)
+        else:
+            self._halted.pop(vcpu, None)
 
     async def _registers(
         self, first: str | None, then: str | None, only: Collection[int] = ()
