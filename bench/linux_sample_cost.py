@@ -1,7 +1,9 @@
 """What one stop-mode sample costs on the Linux example guest, against its floor.
 
 Boots examples/linux (Debian's kernel, 2 vCPUs, KASLR on; --abi picks the kernel,
-`examples/linux/fetch.sh --list`) and measures side by side, in --rounds rounds, as
+`examples/linux/fetch.sh --list`; --smp and --workloads make a lightly loaded guest, as
+`--smp 4 --workloads crunch`: most samples then of halted vCPUs) and measures side by
+side, in --rounds rounds, as
 sample_cost.py does on the example guest:
   floor_ms     a bare-socket loop of stop, info registers -a, cont: no memory, no unwind
   stop_ms      qmpprof's stop-mode sampling path (primed `stop`, registers, a copy of the
@@ -142,7 +144,7 @@ def measure(args: argparse.Namespace) -> Measured:
     with (
         tempfile.TemporaryDirectory(prefix="qmpprof-bench-") as directory,
         scratch_ram_file() as ram,
-        running_linux(Path(directory), *ram_arguments(args.ram, ram), abi=args.abi) as guest,
+        running_linux(Path(directory), *boot_arguments(args, ram), abi=args.abi) as guest,
         baseline_tree(args.baseline if side_by_side else "none") as baseline,
     ):
         mem_path = ram if args.ram == "file" else None
@@ -233,9 +235,11 @@ def tree_cost(tree: Path, socket: str, ram: str, ticks: int, cache: Path) -> flo
     return float(result["cpu_s"]) / max(int(result["samples"]), 1)
 
 
-def ram_arguments(ram: str, path: str) -> tuple[str, ...]:
-    """boot.sh's arguments for the guest RAM `--ram` asks for."""
-    return ("--memory-backend", path) if ram == "file" else ()
+def boot_arguments(args: argparse.Namespace, path: str) -> tuple[str, ...]:
+    """boot.sh's arguments for the vCPUs, the workloads and the guest RAM asked for."""
+    ram = ("--memory-backend", path) if args.ram == "file" else ()
+    workloads = ("--workloads", args.workloads) if args.workloads else ()
+    return ("--smp", str(args.smp), *workloads, *ram)
 
 
 def profile_stop(options: TargetOptions, analyzer: Analyzer, count: int, top: int) -> None:
@@ -269,6 +273,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--samples", type=int, default=60, help="ticks per method per round")
     parser.add_argument("--abi", help="the Debian kernel to boot (boot.sh's default if none)")
+    parser.add_argument("--smp", type=int, default=2, help="the guest's vCPUs (default 2)")
+    parser.add_argument(
+        "--workloads", help="the programs init starts, as crunch,sleeper (default: all five)"
+    )
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile top N")
     parser.add_argument(
         "--baseline",
