@@ -38,6 +38,7 @@ bench: deps guest $(BENCH_STAMP)  ## benchmarks, TCG by default (ACCEL=kvm where
 	$(BIN)/python bench/unwind.py
 	$(BIN)/python bench/sample_cost.py --accel $(ACCEL)
 	for abi in $$(bash examples/linux/fetch.sh --list); do $(BIN)/python bench/linux_sample_cost.py --abi $$abi || exit 1; done
+	$(BIN)/python bench/linux_sample_cost.py --smp 4 --workloads crunch
 	$(BIN)/python bench/linux_rates.py
 	$(BIN)/python bench/linux_perturbation.py
 	$(BIN)/python bench/perturbation.py --accel $(ACCEL)

@@ -32,10 +32,34 @@ def _layout(names: tuple[str, ...], flags: str) -> re.Pattern[str]:
 
 
 _LONG_GENERAL = ("RAX", "RBX", "RCX", "RDX", "RSI", "RDI", "RBP", "RSP")
-_LONG_MODE = _layout((*_LONG_GENERAL, *(f"R{n}" for n in range(8, 16)), "RIP"), "RFL")
-_LEGACY_MODE = _layout(("EAX", "EBX", "ECX", "EDX", "ESI", "EDI", "EBP", "ESP", "EIP"), "EFL")
+_LONG_NAMES = (*_LONG_GENERAL, *(f"R{n}" for n in range(8, 16)), "RIP")
+_LEGACY_NAMES = ("EAX", "EBX", "ECX", "EDX", "ESI", "EDI", "EBP", "ESP", "EIP")
+_LONG_MODE = _layout(_LONG_NAMES, "RFL")
+_LEGACY_MODE = _layout(_LEGACY_NAMES, "EFL")
 _CONTROL = re.compile(rf"CR0=(?P<CR0>{_HEX}) CR2={_HEX} CR3=(?P<CR3>{_HEX}) CR4=(?P<CR4>{_HEX})")
 _EFER = re.compile(rf"EFER=(?P<EFER>{_HEX})")
+#: The rest of a line, up to 128 characters, and its end.
+_REST = r"(?:[^\n]{0,64}+){0,2}+\n"
+
+
+def _block(general: re.Pattern[str]) -> re.Pattern[str]:
+    """QEMU 7's whole dump of one vCPU in its fixed order (target/i386/cpu-dump.c), from
+    the general registers through EFER: every value a RegisterSet takes in one match."""
+
+    def segment(group: str) -> str:
+        return rf"=[0-9a-f]{{4}} (?P<{group}>{_HEX}) {_REST}"
+
+    return re.compile(
+        rf"{general.pattern}{_REST}ES ={_REST}"
+        rf"CS =(?P<CS>{_HEX}) (?P<CS_BASE>{_HEX}) {_HEX} (?P<CS_FLAGS>{_HEX}){_REST}"
+        rf"SS ={_REST}DS ={_REST}FS {segment('FS_BASE')}GS {segment('GS_BASE')}"
+        rf"LDT={_REST}TR {segment('TR_BASE')}GDT= {{0,8}}+(?P<GDT_BASE>{_HEX}) {_REST}"
+        rf"IDT={_REST}{_CONTROL.pattern}{_REST}DR0={_REST}DR6={_REST}{_EFER.pattern}"
+    )
+
+
+_LONG_BLOCK = _block(_LONG_MODE)
+_LEGACY_BLOCK = _block(_LEGACY_MODE)
 #: "GS =<selector> <base> <limit> <flags>" (TR's alike) and "GDT=     <base> <limit>".
 _GS_BASE = re.compile(rf"GS =[0-9a-f]{{4}} ({_HEX}) ")
 _FS_BASE = re.compile(rf"FS =[0-9a-f]{{4}} ({_HEX}) ")
@@ -86,7 +110,40 @@ def parse_all(text: str) -> list[RegisterSet]:
 
 
 def parse_one(text: str, vcpu: int) -> RegisterSet:
-    """Parse the registers of one vCPU (the text of one `CPU#n` block)."""
+    """Parse the registers of one vCPU (the text of one `CPU#n` block).
+
+    Parsing runs for every vCPU at every tick: QEMU 7's layout is read in one match;
+    any other text is read line by line (`_from_lines`)."""
+    long_mode = _LONG_BLOCK.match(text)
+    block = long_mode or _LEGACY_BLOCK.match(text)
+    if block is None:
+        return _from_lines(text, vcpu)
+    values = block.groupdict()
+    names = _LONG_NAMES if long_mode else _LEGACY_NAMES
+    general = {_GENERAL[name]: int(values[name], 16) for name in names}
+    general["rflags"] = int(values["RFL" if long_mode else "EFL"], 16)
+    cs_flags, cr0 = int(values["CS_FLAGS"], 16), int(values["CR0"], 16)
+    return RegisterSet(
+        vcpu=vcpu,
+        general=general,
+        cs=int(values["CS"], 16),
+        cpl=int(values["CPL"], 16),
+        halted=values["HLT"] == "1",
+        bits=_code_width(cs_flags, cr0),
+        cr0=cr0,
+        cr3=int(values["CR3"], 16),
+        cr4=int(values["CR4"], 16),
+        efer=int(values["EFER"], 16),
+        gs_base=int(values["GS_BASE"], 16),
+        fs_base=int(values["FS_BASE"], 16),
+        gdt_base=int(values["GDT_BASE"], 16),
+        tr_base=int(values["TR_BASE"], 16),
+        cs_base=int(values["CS_BASE"], 16),
+    )
+
+
+def _from_lines(text: str, vcpu: int) -> RegisterSet:
+    """The registers of a `CPU#n` block found line by line, in whatever order."""
     values = _assignments(text)
     general = {name: int(values[key], 16) for key, name in _GENERAL.items() if key in values}
     missing = [name for name in _REQUIRED if name not in general]
@@ -113,11 +170,8 @@ def parse_one(text: str, vcpu: int) -> RegisterSet:
 
 
 def _assignments(text: str) -> dict[str, str]:
-    """`NAME=hex` for the registers a RegisterSet needs (and maybe more).
-
-    Parsing runs for every vCPU at every tick: QEMU's usual layout is matched at known
-    places; any other text falls back to collecting every assignment.
-    """
+    """`NAME=hex` for the registers a RegisterSet needs (and maybe more): QEMU's usual
+    layout matched at known places, any other text by collecting every assignment."""
     return _laid_out(text) or _scanned(text)
 
 
