@@ -39,7 +39,7 @@ from qmpprof.record.process_maps import ProcessMaps
 from qmpprof.target.direct import DirectMemory
 from qmpprof.target.memory import MemoryBackend
 from qmpprof.target.qmp import QmpSession
-from qmpprof.target.registers import parse_all
+from qmpprof.target.registers import ParsedRegisters
 from qmpprof.unwind.rules import RSP
 
 #: Also read this much below RSP: CFI may restore a register from a slot the leaf
@@ -114,6 +114,7 @@ class Capturer:
         self._halted: dict[int, tuple[int, CapturedSample]] = {}
         #: How many samples were a halted vCPU's last one again (_unchanged).
         self.unchanged_halted = 0
+        self._parsed = ParsedRegisters()
 
     @property
     def analyzer(self) -> Analyzer:
@@ -205,7 +206,7 @@ class Capturer:
         `only` one vCPU (a retake's): its registers alone, half the text for QEMU to
         write and for us to parse."""
         command = registers_of(next(iter(only))) if len(only) == 1 else REGISTERS
-        registers = parse_all(await self._session.hmp(command, first=first))
+        registers = self._parsed.parse(await self._session.hmp(command, first=first))
         if then is not None and not self._memory.through_monitor:
             self._session.prime(then)
         self._memory.set_registers(registers)

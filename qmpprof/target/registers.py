@@ -7,6 +7,7 @@ QEMU prints 64-bit names (RIP=, RAX=) when long mode is active and 32-bit names
 
 from __future__ import annotations
 
+import copy
 import re
 
 from qmpprof.errors import RegisterParseError
@@ -94,19 +95,53 @@ _DESC_LONG = 1 << 21
 _DESC_BIG = 1 << 22
 
 
+#: vCPUs whose last block a ParsedRegisters keeps, before it starts over.
+MAX_KEPT_BLOCKS = 4096
+
+
 def parse_all(text: str) -> list[RegisterSet]:
     """Parse `info registers -a` output (one `CPU#n` block per vCPU).
 
     Raises RegisterParseError when no vCPU block, or a block without RIP/RSP/RBP, is found.
     """
+    return [parse_one(block, vcpu) for vcpu, block in split_blocks(text)]
+
+
+def split_blocks(text: str) -> list[tuple[int, str]]:
+    """(vCPU, the text of its `CPU#n` block) for each block. Raises RegisterParseError
+    when there is none."""
     headers = list(_CPU_HEADER.finditer(text))
     if not headers:
         raise RegisterParseError("no 'CPU#n' block in 'info registers -a' output")
     ends = [h.start() for h in headers[1:]] + [len(text)]
-    return [
-        parse_one(text[h.end() : end], vcpu=int(h.group(1)))
-        for h, end in zip(headers, ends, strict=True)
-    ]
+    return [(int(h.group(1)), text[h.end() : end]) for h, end in zip(headers, ends, strict=True)]
+
+
+class ParsedRegisters:
+    """`parse_all` for a sampler's successive dumps: a halted vCPU's block that is the
+    same text as at the last dump (an idle vCPU, most of a lightly loaded VM's) is not
+    parsed again. Each dump still gets RegisterSet objects of its own: what is read for
+    one (the OS adapter's per-sample answers) is not taken for another tick's."""
+
+    def __init__(self) -> None:
+        self._halted: dict[int, tuple[str, RegisterSet]] = {}
+
+    def parse(self, text: str) -> list[RegisterSet]:
+        """Raises RegisterParseError as parse_all does."""
+        return [self._parsed(vcpu, block) for vcpu, block in split_blocks(text)]
+
+    def _parsed(self, vcpu: int, block: str) -> RegisterSet:
+        known = self._halted.get(vcpu)
+        if known is not None and known[0] == block:
+            return copy.copy(known[1])  # an object of its own, as a parse makes
+        registers = parse_one(block, vcpu)
+        if not registers.halted:
+            self._halted.pop(vcpu, None)
+            return registers
+        if len(self._halted) >= MAX_KEPT_BLOCKS:
+            self._halted.clear()
+        self._halted[vcpu] = (block, registers)
+        return registers
 
 
 def parse_one(text: str, vcpu: int) -> RegisterSet:

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qmpprof.errors import RegisterParseError
+from qmpprof.model import RegisterSet
 from qmpprof.target import registers
 from qmpprof.target.registers import parse_all
 from tests.unit.properties import examples
@@ -211,3 +212,31 @@ def test_the_fs_base_is_parsed_for_i386_linuxs_per_cpu_area() -> None:
     user, kernel = parse_all(recorded["registers"])
     assert (user.cpl, user.fs_base, user.bits) == (3, 0, 32)
     assert (kernel.cpl, kernel.fs_base, kernel.bits) == (0, 0x05C2_3000, 32)
+
+
+def test_a_halted_vcpus_block_unchanged_since_the_last_dump_is_not_parsed_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vCPU 1 of the saved BIOS dump is halted, vCPU 0 is not: dumped again unchanged,
+    only vCPU 0 is parsed again; each dump gets RegisterSet objects of its own."""
+    text = saved_dump("regs_seabios_32bit_smp2")
+    parsed = registers.ParsedRegisters()
+    first = parsed.parse(text)
+    assert first == parse_all(text)
+    assert [cpu.halted for cpu in first] == [False, True]
+    calls: list[int] = []
+    parse_one = registers.parse_one
+
+    def counted(block: str, vcpu: int) -> RegisterSet:
+        calls.append(vcpu)
+        return parse_one(block, vcpu)
+
+    monkeypatch.setattr(registers, "parse_one", counted)
+    again = parsed.parse(text)
+    assert calls == [0]
+    assert again == first
+    assert all(a is not b for a, b in zip(again, first, strict=True))
+    moved = text.replace("EIP=000fd09a", "EIP=000fd09b")
+    assert moved != text
+    assert parsed.parse(moved)[1].rip == 0xFD09B
+    assert calls == [0, 0, 1]  # vCPU 1 moved: parsed again
