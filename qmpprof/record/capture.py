@@ -39,7 +39,7 @@ from qmpprof.record.process_maps import ProcessMaps
 from qmpprof.target.direct import DirectMemory
 from qmpprof.target.memory import MemoryBackend
 from qmpprof.target.qmp import QmpSession
-from qmpprof.target.registers import ParsedRegisters
+from qmpprof.target.registers import MAX_KEPT_BLOCKS, ParsedRegisters
 from qmpprof.unwind.rules import RSP
 
 #: Also read this much below RSP: CFI may restore a register from a slot the leaf
@@ -194,10 +194,12 @@ class Capturer:
 
     def _remember_halted(self, sample: CapturedSample) -> None:
         vcpu = sample.raw.vcpu
-        if sample.raw.registers.halted:
-            self._halted[vcpu] = (self._analyzer.generation, sample)
-        else:
+        if not sample.raw.registers.halted:
             self._halted.pop(vcpu, None)
+            return
+        if len(self._halted) >= MAX_KEPT_BLOCKS:  # vCPU numbers come from QEMU's text
+            self._halted.clear()
+        self._halted[vcpu] = (self._analyzer.generation, sample)
 
     async def _registers(
         self, first: str | None, then: str | None, only: Collection[int] = ()
