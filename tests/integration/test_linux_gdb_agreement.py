@@ -79,12 +79,21 @@ PAUSES = int(os.environ.get("QMPPROF_LINUX_GDB_PAUSES", "20"))
 SWEEP_PAUSES = int(os.environ.get("QMPPROF_LINUX_GDB_SWEEP", "0"))
 KERNEL_HALF = 0xFFFF_8000_0000_0000
 PF_KTHREAD = 0x0020_0000
-#: Where the kernel is entered: assembly without CFI, below which GDB guesses. error_entry
-#: (called by the asm_* stubs to push and switch to the task's stack) has a pt_regs
-#: frame in ORC: the kernel's own unwinder, and qmpprof, go from it straight to the
-#: interrupted code, where GDB lists the asm_* stub it returns to or, while the return
-#: address is in a register (5.10, between `popq %r12` and `pushq %r12`), garbage.
-ENTRY = re.compile(r"entry_SYSCALL_64\w*|asm_\w+|ret_from_fork\w*|entry_INT80\w*|error_entry")
+#: Where the kernel is entered and left: assembly without CFI, below which GDB guesses.
+#: error_entry (called by the asm_* stubs to push and switch to the task's stack) has a
+#: pt_regs frame in ORC: the kernel's own unwinder, and qmpprof, go from it straight to
+#: the interrupted code, where GDB lists the asm_* stub it returns to or, while the
+#: return address is in a register (5.10, between `popq %r12` and `pushq %r12`),
+#: garbage. On the way out, swapgs_restore_regs_and_return_to_usermode (6.1; at the same
+#: address as common_interrupt_return and the __irqentry_text_end label, GDB names it
+#: by either) pops pt_regs and ends in iretq: ORC describes the iret frame left on the
+#: stack, GDB lists the words above it as frames (seen: 0x33, the user CS, named
+#: fixed_percpu_data).
+ENTRY = re.compile(
+    r"entry_SYSCALL_64\w*|asm_\w+|ret_from_fork\w*|entry_INT80\w*|error_entry"
+    r"|__irqentry_text_end|common_interrupt_return|swapgs_restore_regs_and_return_to_usermode"
+    r"|restore_regs_and_return_to_kernel"
+)
 #: GDB's registers that pt_regs holds, with pt_regs's name for each.
 USER_REGISTERS = {
     **{f"r{n}": f"r{n}" for n in range(8, 16)},
@@ -319,6 +328,20 @@ def trusted_kernel_frames(frames: list[GdbFrame]) -> tuple[list[GdbFrame], bool]
         # still lists it as a frame at pc 0 ("??"), qmpprof ends the stack there.
         frames = frames[:-1]
     return frames, True
+
+
+def test_gdb_is_trusted_down_to_the_exit_path_as_to_an_entry() -> None:
+    """GDB's frames at a pause in 6.1's return to user mode (make test, 2026-11-27):
+    past the exit path's first frame they are the iret frame's words read as frames."""
+    seen = [
+        (0xFFFF_FFFF_81C0_11E9, "__irqentry_text_end"),
+        (0x5C_D0D4_B86F_0569, None),
+        (0x4016D8, None),
+        (0x33, None),
+        (0x2B, "fixed_percpu_data"),
+    ]
+    frames = [GdbFrame(level, address, name) for level, (address, name) in enumerate(seen)]
+    assert trusted_kernel_frames(frames) == (frames[:1], False)
 
 
 def kernel_part_agrees(observed: Observed, ours: Frames) -> bool:
