@@ -115,11 +115,7 @@ class MappedFileMemory(SegmentedMemory):
     def read_word(self, address: int, size: int) -> int:
         """The little-endian word of `size` bytes at guest physical `address` (a page
         walk's table entry: paging.WordReader). Raises MemoryFault."""
-        segment = self._last
-        if address < segment.start or address + size > segment.end or size < 0:
-            segment = self._find(address, size)
-        offset = segment.source_offset + address - segment.start
-        return int.from_bytes(self._map[offset : offset + size], "little")
+        return int.from_bytes(self.read_physical(address, size), "little")
 
     def close(self) -> None:
         super().close()
