@@ -49,7 +49,6 @@ import argparse
 import asyncio
 import cProfile
 import io
-import itertools
 import json
 import os
 import pstats
@@ -159,7 +158,7 @@ def measure(args: argparse.Namespace) -> Measured:
         analyzer = build_analyzer(options)
         print(f"kernel {guest.abi} from {args.kernel}, RAM {args.ram}", flush=True)
         paused = replace(options, unwind_paused=True)
-        for _ in range(args.rounds):
+        for turn in range(args.rounds):
             started = time.process_time()
             floor_pauses: list[float] = []
             floor = floor_ms(guest.qmp, args.samples, "stop", floor_pauses)
@@ -179,7 +178,8 @@ def measure(args: argparse.Namespace) -> Measured:
             times["paused_stop_pause"] += exact.pauses
             times["paused_stop_cpu"].append(exact.cpu_per_tick)
             if baseline is not None:
-                before, after = turns(baseline, guest.qmp, ram, args.samples, Path(directory))
+                work = Path(directory)
+                before, after = turns(baseline, guest.qmp, ram, args.samples, work, turn)
                 times["baseline_cpu_per_vcpu_sample"].append(before)
                 times["tree_cpu_per_vcpu_sample"].append(after)
                 round_ratios["after_over_before"].append(after / before)
@@ -209,22 +209,21 @@ def baseline_tree(revision: str) -> Iterator[Path | None]:
         yield Path(directory)
 
 
-def turns(baseline: Path, socket: str, ram: str, ticks: int, work: Path) -> tuple[float, float]:
+def turns(
+    baseline: Path, socket: str, ram: str, ticks: int, work: Path, turn: int
+) -> tuple[float, float]:
     """(baseline's, this tree's) CPU seconds per vCPU sample, measured one after the
-    other in an order that alternates from call to call."""
+    other, the baseline first on even turns."""
     trees = [("baseline", baseline), ("tree", ROOT)]
-    order = trees if next(_TURN) % 2 == 0 else trees[::-1]
+    order = trees if turn % 2 == 0 else trees[::-1]
     cost = {
         name: tree_cost(tree, socket, ram, ticks, work / f"derived-{name}") for name, tree in order
     }
     return cost["baseline"], cost["tree"]
 
 
-_TURN = itertools.count()
-
-
 def tree_cost(tree: Path, socket: str, ram: str, ticks: int, cache: Path) -> float:
-    """The CPU ms per vCPU sample of `tree`'s stop path (bench/tree_cost.py, a process of
+    """The CPU seconds per vCPU sample of `tree`'s stop path (bench/tree_cost.py, a process of
     its own, with a derived cache of its own: another version may keep other entries)."""
     command = [sys.executable, str(TREE_COST), str(tree), socket, ram, "--ticks", str(ticks)]
     environment = os.environ | {"QMPPROF_DERIVED_CACHE": str(cache)}
