@@ -31,7 +31,8 @@ class GdbFrame:
 
 def without_hidden_inline_leaf(ours: Frames, gdb: list[GdbFrame]) -> Frames:
     """qmpprof lists a call inlined at the leaf when the vCPU stopped at its first
-    instruction, as GDB did on the example guest (rdtsc in timer_account_leaf); GDB on
+    instruction, as GDB did at most pauses on the example guest (rdtsc in
+    timer_account_leaf) but hid at one (the i386 fp guest, one vCPU, in CI); GDB on
     Linux hid some (rcu_read_unlock at aa_file_perm's pc, where the instruction before
     belongs to the caller: GDB's block_starting_point_at; libc's pad_func at a pc of
     __vfprintf_internal). Which of GDB's rules applies is not settled: a leaf inlined
