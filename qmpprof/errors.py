@@ -82,9 +82,14 @@ class MemoryFault(QmpprofError):
     """Guest memory at `address` could not be read (unmapped, outside a snapshot, ...)."""
 
     def __init__(self, address: int, size: int = 1) -> None:
-        super().__init__(f"cannot read {size} byte(s) of guest memory at {address:#x}")
+        # No message made here: a sample meets several faults (a stack's guard page, code
+        # not in memory) and is costlier for formatting one it never shows. The
+        # arguments stay in `args`, as BaseException keeps them, so a copy is the same.
         self.address = address
         self.size = size
+
+    def __str__(self) -> str:
+        return f"cannot read {self.size} byte(s) of guest memory at {self.address:#x}"
 
 
 class BadElf(QmpprofError):

@@ -28,6 +28,9 @@ _ADDRESS_SPACE_END = 1 << 64
 MAX_READ_BYTES = 1 << 24
 #: Translations kept per instance before the cache starts over (a tick needs a few).
 CACHE_LIMIT = 4096
+#: A page the cache knows to be unmapped (or unreadable) at this moment: a sample's reads
+#: meet the same guard page or hole more than once, and each would walk to it again.
+_UNMAPPED = (-1, 0)
 #: Page-table pages kept before that cache starts over (a tick needs a few dozen).
 TABLE_PAGES_LIMIT = 256
 #: Page-table entries kept before that cache starts over.
@@ -359,10 +362,16 @@ class VirtualMemory:
         page = address >> PAGE_SHIFT
         known = self._cache.get(page)
         if known is None:
-            known = self._walk(address, size)
             if len(self._cache) >= CACHE_LIMIT:
                 self.flush()
+            try:
+                known = self._walk(address, size)
+            except MemoryFault:
+                self._cache[page] = _UNMAPPED
+                raise
             self._cache[page] = known
+        if known is _UNMAPPED:
+            raise MemoryFault(address, size)
         return known
 
     def _walk(self, address: int, size: int) -> tuple[int, int]:
@@ -445,6 +454,8 @@ class VirtualMemory:
         cache = self._cache
         for entry in entries:
             if not entry & _PRESENT:
+                if self._upper_root is None:  # else another root may map it (_walk)
+                    cache[page] = _UNMAPPED  # where a stack's read stops: not walked again
                 return
             cache[page] = (entry & _ADDRESS_MASK, PAGE_SIZE)
             page += 1

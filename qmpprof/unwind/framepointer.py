@@ -64,7 +64,10 @@ def leaf_return_slot(code: MemoryReader, rip: int, rsp: int, word: int = 8) -> i
     """Where the return address is when the leaf's frame is not (or no longer) set up."""
     if word != 8:
         return _leaf_return_slot32(code, rip, rsp)
-    if _reads(code, rip, 1) in (_PUSH_RBP, _RET) or _reads(code, rip, 4) == _ENDBR64:
+    first = _reads(code, rip, 1)
+    if first is None:
+        return None  # no code to read there: the longer reads below would fault too
+    if first in (_PUSH_RBP, _RET) or _reads(code, rip, 4) == _ENDBR64:
         return rsp
     if _reads(code, rip, 3) == _MOV_RBP_RSP and _reads(code, rip - 1, 1) == _PUSH_RBP:
         return rsp + 8
