@@ -8,9 +8,9 @@ compare only figures of one run). qmpprof connects as `qmpprof record` does with
 kernel file (`--memory direct --mem-path RAM`): the kernel read from guest memory.
   floor_hz      a bare-socket loop of stop, info registers -a, cont (bench.common.floor_tick):
                 no memory, no unwind; ticks per second
-  stop_hz       qmpprof's stop-mode tick back to back: paused_take (stop with the
-                register request, the copies, cont), capturer.finish (the unwind of the
-                copies) and analyzer.symbolize of every sample; ticks per second. As
+  stop_hz       qmpprof's stop-mode tick back to back: paused_capture (stop with the
+                register request, the copies, cont, the unwind of the copies while QEMU
+                answers it) and analyzer.symbolize of every sample; ticks per second. As
                 sample_loop does when no time is left before a tick, nothing is primed
   *_pause_ms    the VM's pause per tick by QEMU's own clock (its STOP and RESUME
                 events' timestamps), median over every tick of every round
@@ -72,7 +72,7 @@ from qmpprof.commands.common import TargetOptions, build_analyzer
 from qmpprof.commands.connect import connected
 from qmpprof.guest.linux import vmcoreinfo
 from qmpprof.model import CapturedSample, RecordStats, RegisterSet, is_kernel_address
-from qmpprof.record.sampler import paused_take, running_capture
+from qmpprof.record.sampler import paused_capture, running_capture
 from qmpprof.target.direct import open_direct
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.registers import parse_all
@@ -177,8 +177,7 @@ async def qmpprof_run(options: TargetOptions, seconds: float, mode: str) -> Run:
 
         async def tick(stats: RecordStats) -> list[CapturedSample] | None:
             if mode == "stop":
-                taken = await paused_take(session, capturer, stats)
-                captured = await capturer.finish(taken) if taken is not None else None
+                captured = await paused_capture(session, capturer, stats)
             else:
                 captured = await running_capture(session, capturer, stats)
             for one in captured or []:

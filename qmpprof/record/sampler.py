@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -153,9 +154,17 @@ async def paused_capture(
     """The tick's samples taken with the VM paused; None when someone else holds it
     paused (the user, GDB, another QMP client), which we leave as it is. Where guest RAM
     is read on this host, the copied stacks are unwound after the VM runs again
-    (Capturer.take). Raises TickOverrun after `budget_s`, the VM resumed."""
-    taken = await paused_take(session, capturer, stats, budget_s)
-    return None if taken is None else await capturer.finish(taken)
+    (Capturer.take), while QEMU answers our `cont`. Raises TickOverrun after
+    `budget_s`, the VM resumed."""
+    finished: list[list[CapturedSample]] = []
+
+    async def finish(taken: Taken) -> None:
+        finished.append(await capturer.finish(taken))
+
+    taken = await paused_take(session, capturer, stats, budget_s, finish)
+    if taken is None:
+        return None
+    return finished[0] if finished else await capturer.finish(taken)
 
 
 async def paused_take(
@@ -163,12 +172,14 @@ async def paused_take(
     capturer: Capturer,
     stats: RecordStats,
     budget_s: float | None = TICK_BUDGET_S,
+    while_resuming: Callable[[Taken], Awaitable[None]] | None = None,
 ) -> Taken | None:
     """`paused_capture`'s part with the VM paused, up to its resuming.
 
     `stop` goes out with the register request (one round trip) and `cont` is primed
     while the memory is read; the VM is resumed on every way out, if our `stop` paused
-    it (target.pause)."""
+    it (target.pause). `while_resuming` is given what was taken once `cont` is sent,
+    while QEMU answers it (PauseHold.while_resuming: maybe not at all)."""
     if not await session.is_running():
         stats.skipped_paused += 1
         return None
@@ -179,6 +190,8 @@ async def paused_take(
         if not hold.ours():  # another client paused it first: a paused VM's stacks
             stats.skipped_paused += 1
             return None
+        if while_resuming is not None:
+            hold.while_resuming(functools.partial(while_resuming, taken))
     # QEMU's STOP and RESUME timestamps say when the VM really stopped and resumed; the
     # round trips around them are not pause. Without the events, the tick is an upper bound.
     pause = session.take_last_pause()
