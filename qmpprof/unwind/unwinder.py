@@ -153,9 +153,8 @@ def _step(
         row = cfi.row_for(pc if exact else pc - 1)
     if (
         row is not None
-        and leaf
         and _ends_stack(row)
-        and _entered_by_a_call(regs, memory, cfi, code, row.word)
+        and _entered_by_a_call(regs, leaf, memory, cfi, code, row.word)
     ):
         caller = _fp_step(regs, leaf, memory, code, row.word, True)
         return caller, False, Recovery.FRAME_POINTER
@@ -175,24 +174,60 @@ def _ends_stack(row: UnwindRow) -> bool:
 
 def _entered_by_a_call(
     regs: list[int | None],
+    leaf: bool,
     memory: MemoryReader,
     cfi: CfiLookup | None,
     code: MemoryReader | None,
     word: int,
 ) -> bool:
-    """A leaf at a function's first instruction that the table calls the end of the
-    stack (6.1 marks its retpoline thunks so) but that a call reached: the return
-    address at RSP follows a call instruction."""
+    """Code the table calls the end of the stack (6.1 marks its retpoline thunks so)
+    where the stack is still the one a call entered the function with: the return
+    address at RSP follows a call instruction. Where that is so:
+    - a leaf at the function's first instruction (`call __x86_indirect_thunk_rax`);
+    - a leaf that a direct call from the function's first instruction reached, in the
+      same stack: the word at RSP returns right after that call (the thunk's
+      `call .Ldo_rop` to its `mov %rax, (%rsp)`); its caller is that return address;
+    - the frame at that return address: the call it follows is the first instruction,
+      so above it lies the stack the function was entered with."""
     pc, rsp = regs[RIP], regs[RSP]
     if cfi is None or code is None or pc is None or rsp is None:
-        return False
-    if not cfi.starts_function(pc):
         return False
     try:
         return_address = read_word(memory, rsp, word)
     except MemoryFault:
         return False
-    return bool(follows_call(code, return_address))
+    if leaf:
+        entered = cfi.starts_function(pc) or _direct_call_from_entry(
+            code, cfi, return_address, pc, word
+        )
+    else:
+        entered = _direct_call_from_entry(code, cfi, pc, None, word)
+    return entered and bool(follows_call(code, return_address))
+
+
+def _direct_call_from_entry(
+    code: MemoryReader, cfi: CfiLookup, return_address: int, target: int | None, word: int
+) -> bool:
+    """Whether `return_address` follows a direct call (`e8 rel32`) that is the first
+    instruction of a function, to `target` if given."""
+    call = return_address - _DIRECT_CALL_BYTES
+    if not cfi.starts_function(call):
+        return False
+    try:
+        instruction = code.read(call, _DIRECT_CALL_BYTES)
+    except MemoryFault:
+        return False
+    if instruction[0] != _DIRECT_CALL:
+        return False
+    if target is None:
+        return True
+    displacement = int.from_bytes(instruction[1:], "little", signed=True)
+    return (return_address + displacement) % (1 << (8 * word)) == target
+
+
+#: `call rel32`: its opcode, and its length.
+_DIRECT_CALL = 0xE8
+_DIRECT_CALL_BYTES = 5
 
 
 def _at_system_call_edge(regs: list[int | None]) -> bool:

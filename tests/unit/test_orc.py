@@ -292,3 +292,60 @@ def test_a_vcpu_at_the_system_call_entry_unwinds_to_the_user_code_that_called() 
     assert [f.address for f in stack.frames[:2]] == [kernel_pc, USER_PC]
     assert stack.frames[1].kind is FrameKind.INSTRUCTION
     assert stack.frames[1].how is Recovery.SYSTEM_CALL
+
+
+#: Debian 6.1.0-50's retpoline thunk and a call to it, their bytes as its vmlinux holds
+#: them (objdump -d), from 8 bytes before each (a call is looked for there): padding,
+#: then `call .Ldo_rop` (+0), the speculation trap `pause; lfence; jmp` (+5),
+#: `mov %rax, (%rsp)` (+0xc), `jmp __x86_return_thunk` (+0x10). Its ORC calls +0 to +0xf
+#: the end of the stack. tk_clock_read calls it from 0xffffffff81157f26.
+THUNK = 0xFFFF_FFFF_81E0_1580
+THUNK_CODE = bytes.fromhex("cccccccccccccccce807000000f3900faee8ebf948890424e99b070000")
+THUNK_CALLER_RETURN = 0xFFFF_FFFF_8115_7F2B
+THUNK_CALL = bytes.fromhex("488b07e85596ca00")
+
+
+class _ThunkCfi:
+    """The 6.1 entries sampled in the data (the thunk's among them) and its symbol."""
+
+    def __init__(self) -> None:
+        kernel = _kernel("debian-6.1.0-50")
+        self._table = _table_of(kernel, end=THUNK + 0x1000)
+
+    def row_for(self, address: int) -> Any:
+        return self._table.row_for(address)
+
+    def starts_function(self, address: int) -> bool:
+        return address == THUNK
+
+    def word_size(self, address: int) -> int | None:
+        return None
+
+    def words(self) -> frozenset[int]:
+        return frozenset()
+
+
+@pytest.mark.parametrize(
+    ("offset", "stack", "expected"),
+    [
+        # at the call into the thunk: its caller's return address at RSP
+        (0x0, [THUNK_CALLER_RETURN], [THUNK, THUNK_CALLER_RETURN]),
+        # at the mov: the thunk's own call returns to +5, above it the caller's frame
+        (0xC, [THUNK + 5, THUNK_CALLER_RETURN], [THUNK + 0xC, THUNK + 5, THUNK_CALLER_RETURN]),
+        # at the mov, but the word at RSP returns from a call to elsewhere: the end
+        (0xC, [THUNK_CALLER_RETURN], [THUNK + 0xC]),
+    ],
+)
+def test_a_retpoline_thunk_the_table_ends_unwinds_to_its_caller(
+    offset: int, stack: list[int], expected: list[int]
+) -> None:
+    """GDB's frames at a pause at each (the thunk+0xc case, seen by the Linux oracle:
+    ksoftirqd in tk_clock_read, GDB went on to ret_from_fork where ORC ends)."""
+    words = {STACK + 0x10 + 8 * n: value for n, value in enumerate(stack)}
+    memory = _memory(words)
+    code = WindowMemory(
+        [MemoryWindow(THUNK - 8, THUNK_CODE), MemoryWindow(THUNK_CALLER_RETURN - 8, THUNK_CALL)]
+    )
+    regs = _registers(rip=THUNK + offset, rsp=STACK + 0x10, rbp=STACK + 0x300)
+    frames = unwind(regs, memory, _ThunkCfi(), code=code, max_depth=len(expected)).frames
+    assert [f.address for f in frames] == expected
