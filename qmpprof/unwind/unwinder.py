@@ -151,20 +151,22 @@ def _step(
     row = None
     if cfi is not None and strategy is not Strategy.FP:
         row = cfi.row_for(pc if exact else pc - 1)
-    if (
-        row is not None
-        and _ends_stack(row)
-        and _entered_by_a_call(regs, leaf, memory, cfi, code, row.word)
+    if row is not None and not _ends_stack(row):
+        return _cfi_step(row, regs, memory), row.signal_frame, Recovery.CFI
+    if widths is not None:
+        word = widths.word_size(pc if exact else pc - 1) or word
+    # Where the table ends the stack (6.1's retpoline thunks) or, unwinding with every
+    # method, says nothing (6.12's thunks), a call may still have entered the code.
+    width = row.word if row is not None else word
+    if (row is not None or strategy is Strategy.AUTO) and _entered_by_a_call(
+        regs, leaf, memory, cfi, code, width
     ):
-        caller = _fp_step(regs, leaf, memory, code, row.word, True)
-        return caller, False, Recovery.FRAME_POINTER
+        return _fp_step(regs, leaf, memory, code, width, True), False, Recovery.FRAME_POINTER
     if row is not None:
         return _cfi_step(row, regs, memory), row.signal_frame, Recovery.CFI
     if strategy is Strategy.CFI:
         raise _Stop(StopReason.NO_UNWIND_INFO)
     at_entry = leaf and cfi is not None and cfi.starts_function(pc)
-    if widths is not None:
-        word = widths.word_size(pc if exact else pc - 1) or word
     return _fp_step(regs, leaf, memory, code, word, at_entry), False, Recovery.FRAME_POINTER
 
 
@@ -180,9 +182,9 @@ def _entered_by_a_call(
     code: MemoryReader | None,
     word: int,
 ) -> bool:
-    """Code the table calls the end of the stack (6.1 marks its retpoline thunks so)
-    where the stack is still the one a call entered the function with: the return
-    address at RSP follows a call instruction. Where that is so:
+    """Code the table calls the end of the stack, or does not describe, where the stack
+    is still the one a call entered the function with: the return address at RSP
+    follows a call instruction. Where that is so:
     - a leaf at the function's first instruction (`call __x86_indirect_thunk_rax`);
     - a leaf that a direct call from the function's first instruction reached, in the
       same stack: the word at RSP returns right after that call (the thunk's

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -294,29 +295,57 @@ def test_a_vcpu_at_the_system_call_entry_unwinds_to_the_user_code_that_called() 
     assert stack.frames[1].how is Recovery.SYSTEM_CALL
 
 
-#: Debian 6.1.0-50's retpoline thunk and a call to it, their bytes as its vmlinux holds
-#: them (objdump -d), from 8 bytes before each (a call is looked for there): padding,
-#: then `call .Ldo_rop` (+0), the speculation trap `pause; lfence; jmp` (+5),
-#: `mov %rax, (%rsp)` (+0xc), `jmp __x86_return_thunk` (+0x10). Its ORC calls +0 to +0xf
-#: the end of the stack. tk_clock_read calls it from 0xffffffff81157f26.
-THUNK = 0xFFFF_FFFF_81E0_1580
-THUNK_CODE = bytes.fromhex("cccccccccccccccce807000000f3900faee8ebf948890424e99b070000")
-THUNK_CALLER_RETURN = 0xFFFF_FFFF_8115_7F2B
-THUNK_CALL = bytes.fromhex("488b07e85596ca00")
+@dataclass(frozen=True)
+class Thunk:
+    """A Debian kernel's retpoline thunk and a call to it, their bytes as its vmlinux
+    holds them (objdump -d), each from 8 bytes before (a call is looked for there):
+    padding, `call` to the thunk's `mov %rax, (%rsp)` (`mov_at`), the speculation trap
+    between, `jmp __x86_return_thunk` after. 6.1's ORC calls the thunk up to its `jmp`
+    the end of the stack; 6.12's does not describe it (ktime_get's calls are 6.12's)."""
+
+    kernel: str
+    address: int
+    code: bytes
+    mov_at: int
+    caller_return: int
+    call: bytes
+
+
+THUNKS = (
+    Thunk(
+        "debian-6.1.0-50",
+        0xFFFF_FFFF_81E0_1580,
+        bytes.fromhex("cccccccccccccccce807000000f3900faee8ebf948890424e99b070000"),
+        0xC,
+        0xFFFF_FFFF_8115_7F2B,  # tk_clock_read
+        bytes.fromhex("488b07e85596ca00"),
+    ),
+    Thunk(
+        "debian-6.12.95",
+        0xFFFF_FFFF_81CE_13C0,
+        bytes.fromhex("cccccccccccccccce801000000cc48890424e9210c0000"),
+        0x6,
+        0xFFFF_FFFF_811B_695D,  # ktime_get
+        bytes.fromhex("488b07e863aab200"),
+    ),
+)
 
 
 class _ThunkCfi:
-    """The 6.1 entries sampled in the data (the thunk's among them) and its symbol."""
+    """The kernel's ORC where it has an entry for the thunk (6.1: the end of the stack),
+    nothing elsewhere; the thunk's symbol."""
 
-    def __init__(self) -> None:
-        kernel = _kernel("debian-6.1.0-50")
-        self._table = _table_of(kernel, end=THUNK + 0x1000)
+    def __init__(self, thunk: Thunk) -> None:
+        self._thunk = thunk
+        self._table = _table_of(_kernel(thunk.kernel), end=thunk.address + 0x1000)
 
     def row_for(self, address: int) -> Any:
+        if "6.12" in self._thunk.kernel or not 0 <= address - self._thunk.address < 0x10:
+            return None
         return self._table.row_for(address)
 
     def starts_function(self, address: int) -> bool:
-        return address == THUNK
+        return address == self._thunk.address
 
     def word_size(self, address: int) -> int | None:
         return None
@@ -325,27 +354,37 @@ class _ThunkCfi:
         return frozenset()
 
 
-@pytest.mark.parametrize(
-    ("offset", "stack", "expected"),
-    [
-        # at the call into the thunk: its caller's return address at RSP
-        (0x0, [THUNK_CALLER_RETURN], [THUNK, THUNK_CALLER_RETURN]),
-        # at the mov: the thunk's own call returns to +5, above it the caller's frame
-        (0xC, [THUNK + 5, THUNK_CALLER_RETURN], [THUNK + 0xC, THUNK + 5, THUNK_CALLER_RETURN]),
-        # at the mov, but the word at RSP returns from a call to elsewhere: the end
-        (0xC, [THUNK_CALLER_RETURN], [THUNK + 0xC]),
-    ],
-)
-def test_a_retpoline_thunk_the_table_ends_unwinds_to_its_caller(
-    offset: int, stack: list[int], expected: list[int]
+def _thunk_cases() -> list[Any]:
+    cases = []
+    for t in THUNKS:
+        mov, back, ret = t.address + t.mov_at, t.address + 5, t.caller_return
+        cases += [
+            # at the call into the thunk: its caller's return address at RSP
+            pytest.param(t, 0, [ret], [t.address, ret], id=f"{t.kernel}-entry"),
+            # at the mov: the thunk's own call returns to +5, above it the caller's frame
+            pytest.param(t, t.mov_at, [back, ret], [mov, back, ret], id=f"{t.kernel}-mov"),
+            # at the mov, but the word at RSP returns from a call to elsewhere: no caller
+            pytest.param(t, t.mov_at, [ret], [mov], id=f"{t.kernel}-mov-not-called"),
+        ]
+    return cases
+
+
+@pytest.mark.parametrize(("thunk", "offset", "stack", "expected"), _thunk_cases())
+def test_a_retpoline_thunk_unwinds_to_its_caller(
+    thunk: Thunk, offset: int, stack: list[int], expected: list[int]
 ) -> None:
-    """GDB's frames at a pause at each (the thunk+0xc case, seen by the Linux oracle:
-    ksoftirqd in tk_clock_read, GDB went on to ret_from_fork where ORC ends)."""
-    words = {STACK + 0x10 + 8 * n: value for n, value in enumerate(stack)}
-    memory = _memory(words)
+    """GDB's frames at a pause at each (the 6.1 mov case seen by the Linux oracle:
+    ksoftirqd in tk_clock_read, GDB went on to ret_from_fork where qmpprof stopped)."""
+    memory = _memory({STACK + 0x10 + 8 * n: value for n, value in enumerate(stack)})
     code = WindowMemory(
-        [MemoryWindow(THUNK - 8, THUNK_CODE), MemoryWindow(THUNK_CALLER_RETURN - 8, THUNK_CALL)]
+        [
+            MemoryWindow(thunk.address - 8, thunk.code),
+            MemoryWindow(thunk.caller_return - 8, thunk.call),
+        ]
     )
-    regs = _registers(rip=THUNK + offset, rsp=STACK + 0x10, rbp=STACK + 0x300)
-    frames = unwind(regs, memory, _ThunkCfi(), code=code, max_depth=len(expected)).frames
-    assert [f.address for f in frames] == expected
+    regs = _registers(rip=thunk.address + offset, rsp=STACK + 0x10, rbp=STACK + 0x300)
+    cfi = _ThunkCfi(thunk)
+    frames = unwind(regs, memory, cfi, code=code, max_depth=len(expected) + 1).frames
+    assert [f.address for f in frames[: len(expected)]] == expected
+    if len(expected) == 1:
+        assert len(frames) == 1
