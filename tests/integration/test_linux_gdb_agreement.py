@@ -89,8 +89,10 @@ PF_KTHREAD = 0x0020_0000
 #: by either) pops pt_regs and ends in iretq: ORC describes the iret frame left on the
 #: stack, GDB lists the words above it as frames (seen: 0x33, the user CS, named
 #: fixed_percpu_data).
+#: Entry and exit code. asm_load_gs_index is not: an ordinary leaf (swapgs, mov to %gs,
+#: swapgs, ret) that __switch_to calls; GDB's frames past it are its callers.
 ENTRY = re.compile(
-    r"entry_SYSCALL_64\w*|asm_\w+|ret_from_fork\w*|entry_INT80\w*|error_entry"
+    r"entry_SYSCALL_64\w*|asm_(?!load_gs_index$)\w+|ret_from_fork\w*|entry_INT80\w*|error_entry"
     r"|__irqentry_text_end|common_interrupt_return|swapgs_restore_regs_and_return_to_usermode"
     r"|restore_regs_and_return_to_kernel"
 )
@@ -342,6 +344,20 @@ def test_gdb_is_trusted_down_to_the_exit_path_as_to_an_entry() -> None:
     ]
     frames = [GdbFrame(level, address, name) for level, (address, name) in enumerate(seen)]
     assert trusted_kernel_frames(frames) == (frames[:1], False)
+
+
+def test_gdb_is_trusted_past_asm_load_gs_index() -> None:
+    """A pause in __switch_to's asm_load_gs_index (make test, 2026-11-27): GDB's frames
+    were cut there as at an interrupt's asm_ entry, and the kernel thread switched out
+    seemed to have the next task's user frames below its kernel stack."""
+    seen = [
+        (0xFFFF_FFFF_81C0_12E0, "asm_load_gs_index"),
+        (0xFFFF_FFFF_8107_E875, "native_load_gs_index"),
+        (0xFFFF_FFFF_8103_1359, "__switch_to"),
+        (0xFFFF_FFFF_81C0_0126, "entry_SYSCALL_64"),
+    ]
+    frames = [GdbFrame(level, address, name) for level, (address, name) in enumerate(seen)]
+    assert trusted_kernel_frames(frames) == (frames, True)
 
 
 def kernel_part_agrees(observed: Observed, ours: Frames) -> bool:
