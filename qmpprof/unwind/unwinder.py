@@ -194,17 +194,17 @@ def _entered_by_a_call(
     pc, rsp = regs[RIP], regs[RSP]
     if cfi is None or code is None or pc is None or rsp is None:
         return False
+    if not leaf and not _direct_call_from_entry(code, cfi, pc, None, word):
+        return False  # most frames no table describes: decided without reading the stack
     try:
         return_address = read_word(memory, rsp, word)
     except MemoryFault:
         return False
-    if leaf:
-        entered = cfi.starts_function(pc) or _direct_call_from_entry(
-            code, cfi, return_address, pc, word
-        )
-    else:
-        entered = _direct_call_from_entry(code, cfi, pc, None, word)
-    return entered and bool(follows_call(code, return_address))
+    if leaf and not (
+        cfi.starts_function(pc) or _direct_call_from_entry(code, cfi, return_address, pc, word)
+    ):
+        return False
+    return bool(follows_call(code, return_address))
 
 
 def _direct_call_from_entry(
