@@ -1,8 +1,8 @@
 """How fast qmpprof samples the Linux example guest unthrottled, against its floor and drgn.
 
 Boots examples/linux once (Debian's kernel, 2 vCPUs, TCG, KASLR on; --abi picks the
-kernel, `examples/linux/fetch.sh --list`) with its RAM in a shared file (boot.sh
---memory-backend), and runs each method below as fast as it goes for --seconds, the
+kernel, `examples/linux/fetch.sh --list`; --smp the vCPUs) with its RAM in a shared file
+(boot.sh --memory-backend), and runs each method below as fast as it goes for --seconds, the
 methods taking turns in --rounds rounds (this machine's load changes by the second:
 compare only figures of one run). qmpprof connects as `qmpprof record` does with no
 kernel file (`--memory direct --mem-path RAM`): the kernel read from guest memory.
@@ -373,7 +373,7 @@ def measure(args: argparse.Namespace) -> Measured:
     with (
         tempfile.TemporaryDirectory(prefix="qmpprof-bench-") as directory,
         scratch_ram_file() as ram,
-        running_linux(Path(directory), "--memory-backend", ram, abi=args.abi) as guest,
+        running_linux(Path(directory), *guest_args(args, ram), abi=args.abi) as guest,
     ):
         options = TargetOptions(guest.qmp, None, memory="direct", mem_path=ram)
         vcpus = vcpu_count(guest.qmp)
@@ -403,6 +403,11 @@ def measure(args: argparse.Namespace) -> Measured:
             if kernel is not None:
                 kernel.close()
         return Measured(runs, guest.abi, vcpus, load_s, checked)
+
+
+def guest_args(args: argparse.Namespace, ram: str) -> list[str]:
+    """boot.sh's arguments: the RAM file, and --smp when asked for."""
+    return ["--memory-backend", ram, *(["--smp", str(args.smp)] if args.smp else [])]
 
 
 def rate(runs: list[Run], what: str = "ticks") -> float | None:
@@ -455,6 +460,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="per method per round")
     parser.add_argument("--abi", help="the Debian kernel to boot (boot.sh's default if none)")
     parser.add_argument("--check", type=int, default=40, help="kernel samples drgn checks")
+    parser.add_argument(
+        "--smp",
+        type=int,
+        help="the guest's vCPUs (boot.sh's default, 2, if none); with 1, "
+        "a host core is left to QEMU's monitor and qmpprof",
+    )
     args = parser.parse_args()
     if not HAVE_DRGN:
         print("drgn is not installed (pip install -e '.[bench]'): its column is skipped")
