@@ -73,7 +73,12 @@ format: deps  ## reformat the code with ruff
 	$(BIN)/ruff format qmpprof tests $(wildcard bench)
 	$(BIN)/ruff check --fix qmpprof tests $(wildcard bench)
 
+# Bytecode for qmpprof's own modules, as `pip install` writes it for an installed
+# package: an editable install has none, and where PYTHONDONTWRITEBYTECODE is set Python
+# never writes it, so every `qmpprof` process compiled the whole package again (0.25 s of
+# a 0.6 s `dump`). compileall rewrites only what changed.
 deps: system-deps $(STAMP)
+	@$(BIN)/python -m compileall -q qmpprof
 
 system-deps:  ## install QEMU, GDB, a C toolchain and a debuginfod server (tests) from Debian's packages if missing
 	@missing=""; \
