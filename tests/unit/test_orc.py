@@ -300,10 +300,12 @@ class Thunk:
     """A Debian kernel's retpoline thunk and a call to it, their bytes as its vmlinux
     holds them (objdump -d), each from 8 bytes before (a call is looked for there):
     padding, `call` to the thunk's `mov %rax, (%rsp)` (`mov_at`), the speculation trap
-    between, `jmp __x86_return_thunk` after. 6.1's ORC calls the thunk up to its `jmp`
-    the end of the stack; 6.12's does not describe it (ktime_get's calls are 6.12's)."""
+    between, `jmp __x86_return_thunk` after (ktime_get's calls are 6.12's)."""
 
     kernel: str
+    #: Where the kernel's ORC calls the thunk the end of the stack, up to its `jmp`
+    #: (6.1: 0x10); None where it does not describe the thunk (6.12).
+    orc_end_before: int | None
     address: int
     code: bytes
     mov_at: int
@@ -314,6 +316,7 @@ class Thunk:
 THUNKS = (
     Thunk(
         "debian-6.1.0-50",
+        0x10,
         0xFFFF_FFFF_81E0_1580,
         bytes.fromhex("cccccccccccccccce807000000f3900faee8ebf948890424e99b070000"),
         0xC,
@@ -322,6 +325,7 @@ THUNKS = (
     ),
     Thunk(
         "debian-6.12.95",
+        None,
         0xFFFF_FFFF_81CE_13C0,
         bytes.fromhex("cccccccccccccccce801000000cc48890424e9210c0000"),
         0x6,
@@ -333,14 +337,15 @@ THUNKS = (
 
 class _ThunkCfi:
     """The kernel's ORC where it has an entry for the thunk (6.1: the end of the stack),
-    nothing elsewhere; the thunk's symbol."""
+    nothing elsewhere (the sampled entries around are other functions'); its symbol."""
 
     def __init__(self, thunk: Thunk) -> None:
         self._thunk = thunk
         self._table = _table_of(_kernel(thunk.kernel), end=thunk.address + 0x1000)
 
     def row_for(self, address: int) -> Any:
-        if "6.12" in self._thunk.kernel or not 0 <= address - self._thunk.address < 0x10:
+        end = self._thunk.orc_end_before
+        if end is None or not 0 <= address - self._thunk.address < end:
             return None
         return self._table.row_for(address)
 
