@@ -134,10 +134,9 @@ def evict(path: Path) -> None:
 
 
 def make_cold(kernel: Path, cache: Path) -> None:
-    """An empty derived cache, VMCOREINFO's place forgotten (kept beside the cache:
+    """An empty derived cache (VMCOREINFO's place forgotten with it:
     record/guest_kernel.py), the ELF out of the page cache."""
     shutil.rmtree(cache, ignore_errors=True)
-    shutil.rmtree(cache.parent / "vmcoreinfo", ignore_errors=True)
     evict(kernel)
 
 

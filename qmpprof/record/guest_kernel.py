@@ -27,6 +27,10 @@ from qmpprof.target.memory import MemoryBackend
 from qmpprof.target.qmp import QmpSession
 from qmpprof.visible import visible
 
+#: How many QEMU processes' VMCOREINFO pages are remembered (the least recently
+#: written go first): one small file each, and QEMU processes come and go.
+MAX_REMEMBERED = 64
+
 #: What to pass when the kernel cannot be read from memory.
 ADVICE = "kernel frames stay unnamed; --kernel VMLINUX names them"
 
@@ -75,9 +79,9 @@ def check_build_id(session: QmpSession, memory: MemoryBackend, kernel: Module) -
 
 
 class _Remembered:
-    """Where VMCOREINFO was in one QEMU process's RAM: a file named after the process
-    (pid and start time, so a new QEMU with a reused pid is another), holding the
-    page's physical address."""
+    """Where VMCOREINFO was in one QEMU process's RAM: a file in the derived cache's
+    directory named after the process (pid and start time, so a new QEMU with a reused
+    pid is another), holding the page's physical address."""
 
     def __init__(self, path: Path | None) -> None:
         self._path = path
@@ -93,7 +97,7 @@ class _Remembered:
         if root is None:
             return cls(None)
         name = hashlib.sha256(f"{pid}-{started}".encode()).hexdigest()[:32]
-        return cls(root.parent / "vmcoreinfo" / name)
+        return cls(root / "vmcoreinfo" / name)
 
     def page(self) -> int | None:
         if self._path is None:
@@ -111,3 +115,14 @@ class _Remembered:
             partial = self._path.with_suffix(f".{os.getpid()}")
             partial.write_text(f"{page:x}\n")
             partial.replace(self._path)
+            _forget_oldest(self._path.parent)
+
+
+def _forget_oldest(directory: Path) -> None:
+    """Keep the MAX_REMEMBERED most recently written pages. Raises OSError."""
+    remembered = sorted(
+        (path.stat().st_mtime_ns, path) for path in directory.iterdir() if "." not in path.name
+    )
+    for _, path in remembered[:-MAX_REMEMBERED]:
+        with contextlib.suppress(OSError):
+            path.unlink()

@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import marshal
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable
@@ -47,6 +48,9 @@ MAX_ENTRY_BYTES = 1 << 28
 #: The cache's bounds: directories (files derived from) and bytes in all.
 MAX_FILES = 64
 MAX_CACHE_BYTES = 2 << 30
+#: The name of a file's directory (FileKey.directory): _prune removes nothing else, since
+#: QMPPROF_DERIVED_CACHE may name a directory that holds other things too.
+_KEY_DIRECTORY = re.compile(r"[0-9a-f]+-[0-9]+-[0-9]+")
 #: What a payload that does not decode as its kind expects raises.
 DECODE_ERRORS = (ValueError, TypeError, EOFError, KeyError, IndexError, AttributeError)
 
@@ -165,9 +169,12 @@ def _write(entry: Path, payload: bytes) -> None:
 
 def _prune(root: Path, newest: Path) -> None:
     """Remove the least recently used file directories under `root` (not `newest`)
-    until MAX_FILES and MAX_CACHE_BYTES hold. Raises OSError."""
+    until MAX_FILES and MAX_CACHE_BYTES hold; what the cache did not make is neither
+    counted nor removed. Raises OSError."""
     kept: list[tuple[float, int, Path]] = []
     for directory in root.iterdir():
+        if not _KEY_DIRECTORY.fullmatch(directory.name):
+            continue
         if directory.is_dir() and not directory.is_symlink():
             size = sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
             kept.append((directory.stat().st_mtime, size, directory))

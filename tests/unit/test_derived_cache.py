@@ -156,3 +156,20 @@ def test_the_least_recently_used_files_go_when_the_cache_is_full(
     load_module(third)
     left = {path.name for path in cache.iterdir()}
     assert len(left) == 2 and used <= left
+
+
+def test_only_the_caches_own_directories_are_ever_removed(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """QMPPROF_DERIVED_CACHE may name a directory shared with other things: pruning the
+    least recently used must never take what the cache did not make."""
+    monkeypatch.setattr(derived, "MAX_FILES", 1)
+    others = [cache / "photos", cache / "0123abcd", cache / "vmcoreinfo"]
+    for other in others:
+        other.mkdir(parents=True)
+        (other / "keep").write_bytes(b"x" * 100)
+        os.utime(other, (1000, 1000))  # older than anything the cache makes
+    for source in ("symbols.c", "cfi_chain.c"):
+        load_module(build_elf(source, tmp_path, "-O1", "-g"))
+    assert all((other / "keep").exists() for other in others)
+    assert len([path for path in cache.iterdir() if path not in others]) == 1

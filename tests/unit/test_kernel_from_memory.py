@@ -21,6 +21,7 @@ from qmpprof.errors import BadGuestKernel, MemoryFault
 from qmpprof.guest.linux import vmcoreinfo
 from qmpprof.guest.linux.kallsyms import KallsymsTables, decode, read_tables
 from qmpprof.guest.linux.kallsyms_search import find_tables
+from qmpprof.record import guest_kernel
 from qmpprof.symbols.elf_file import open_elf
 from tests.linux_vm import kernel_abis, nm_symbols
 
@@ -255,3 +256,15 @@ def test_rodata_without_kallsyms_tables_is_refused_in_one_line() -> None:
     with pytest.raises(BadGuestKernel, match="no tables of its shape") as raised:
         find_tables(image.read, start, end)
     assert "\n" not in str(raised.value)
+
+
+def test_remembered_vmcoreinfo_pages_stay_few(tmp_path: Path) -> None:
+    """One page remembered per QEMU process (record/guest_kernel.py): QEMU processes come
+    and go, so the most recently written MAX_REMEMBERED are kept and no more."""
+    made = guest_kernel.MAX_REMEMBERED + 5
+    for number in range(made):
+        place = guest_kernel._Remembered(tmp_path / f"{number:032x}")
+        place.keep(0x1000 * (number + 1))
+        assert place.page() == 0x1000 * (number + 1)
+    left = sorted(int(path.name, 16) for path in tmp_path.iterdir())
+    assert left == list(range(made - guest_kernel.MAX_REMEMBERED, made))
