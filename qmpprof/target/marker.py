@@ -9,7 +9,9 @@ for the owner) and which QEMU (the socket peer's pid and start time, so a QEMU
 restarted since, maybe with -S, is never resumed by mistake).
 
 The files live in $XDG_RUNTIME_DIR/qmpprof, else /tmp/qmpprof-UID (mode 0700, ours),
-named by a hash of the socket's real path: never in the work tree.
+named by a hash of the socket's real path: never in the work tree. A clean exit removes
+its file; one a SIGKILL left behind goes once both its owner and its QEMU are gone
+(`remove_stale`, on each claim), so the directory does not fill up with dead VMs' files.
 """
 
 from __future__ import annotations
@@ -91,11 +93,7 @@ class PauseMarker:
 
     def read(self) -> MarkerState | None:
         """What the file says, or None if it says nothing (new, or not ours)."""
-        magic, owner_pid, owner_start, qemu_pid, qemu_start = _HEAD.unpack_from(self._map)
-        if magic != _MAGIC:
-            return None
-        owner, qemu = Process(owner_pid, owner_start), Process(qemu_pid, qemu_start)
-        return MarkerState(owner, qemu, self._map[_FLAG] == 1)
+        return _state(self._map)
 
     def claim(self, owner: Process, qemu: Process) -> None:
         """Make the file ours, flag clear (the flag byte goes first: a half-written
@@ -106,6 +104,22 @@ class PauseMarker:
     def set_paused(self, paused: bool) -> None:
         self._map[_FLAG] = 1 if paused else 0
 
+    def remove_stale(self) -> None:
+        """Remove the other markers in this one's directory whose owner and QEMU both
+        no longer exist: nothing is left to resume. One whose QEMU we could not
+        identify (pid 0), or not yet claimed, is kept. Never raises."""
+        try:
+            others = [path for path in self.path.parent.glob("*.pause") if path != self.path]
+        except OSError:
+            return
+        for path in others:
+            state = _read_file(path)
+            if state is None or state.qemu.pid <= 0:
+                continue
+            if not state.owner.alive() and not state.qemu.alive():
+                with contextlib.suppress(OSError):
+                    path.unlink()
+
     def remove(self) -> None:
         """Unmap and delete the file (a clean exit leaves nothing behind). Never raises."""
         with contextlib.suppress(OSError):
@@ -115,6 +129,26 @@ class PauseMarker:
     def close(self) -> None:
         with contextlib.suppress(ValueError, OSError):
             self._map.close()
+
+
+def _read_file(path: Path) -> MarkerState | None:
+    """What the marker file at `path` says; None if it says nothing or cannot be read."""
+    try:
+        with path.open("rb") as file:
+            data = file.read(_SIZE)
+    except OSError:
+        return None
+    if len(data) < _SIZE:
+        return None
+    return _state(data)
+
+
+def _state(data: bytes | mmap.mmap) -> MarkerState | None:
+    magic, owner_pid, owner_start, qemu_pid, qemu_start = _HEAD.unpack_from(data)
+    if magic != _MAGIC:
+        return None
+    owner, qemu = Process(owner_pid, owner_start), Process(qemu_pid, qemu_start)
+    return MarkerState(owner, qemu, data[_FLAG] == 1)
 
 
 def marker_path(socket_path: str) -> Path | None:

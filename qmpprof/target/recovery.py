@@ -39,6 +39,7 @@ async def claim(session: QmpSession, notice: Callable[[str], None]) -> None:
     me = Process.of(os.getpid())
     marker.claim(me or Process(os.getpid(), 0), qemu or _UNKNOWN)
     session.marker = marker
+    marker.remove_stale()
 
 
 def release(session: QmpSession) -> None:

@@ -5,7 +5,9 @@ raises nothing but qmpprof's errors, and what it gives is bounded."""
 
 from __future__ import annotations
 
+import atexit
 import functools
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -26,6 +28,7 @@ BASE = 0x7F3A_1234_5000
 @functools.cache
 def library() -> tuple[list[tuple[int, bytes]], object]:
     out = Path(tempfile.mkdtemp(prefix="qmpprof-loaded-elf-fuzz-"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
     built = build_elf("userlib.c", out, "-shared", "-fPIC", "-O2", "-Wl,--build-id")
     memory, mapping, _ = loaded(built, BASE, "/usr/lib/libuser.so.1")
     pages = []

@@ -107,3 +107,33 @@ def test_a_pause_is_ours_only_when_our_stop_made_the_one_stop(
 def test_no_stop_sent_or_lost_events_are_never_ours() -> None:
     assert not paused_by_us([RunEvent(False, SENT + 1)], None)
     assert not paused_by_us(None, SENT)
+
+
+def opened(socket_path: str) -> PauseMarker:
+    marker = PauseMarker.open(socket_path)
+    assert marker is not None
+    return marker
+
+
+def test_markers_left_by_sigkill_go_once_owner_and_qemu_are_gone() -> None:
+    """What a killed qmpprof left behind goes on the next claim, but only where nothing
+    can still need it: a live owner's marker, one whose QEMU still runs, one whose QEMU
+    is unknown (pid 0) and one not yet claimed all stay."""
+    me = Process.of(os.getpid())
+    assert me is not None
+    dead = Process(me.pid, me.start + 1)  # this pid at another start: not a process
+    left = {
+        "live owner": (me, dead),
+        "live QEMU": (dead, me),
+        "unknown QEMU": (dead, Process(0, 0)),
+        "gone": (dead, dead),
+    }
+    markers = {name: opened(f"{SOCKET}-{name}") for name in [*left, "unclaimed"]}
+    for name, (owner, qemu) in left.items():
+        markers[name].claim(owner, qemu)
+        markers[name].set_paused(True)
+    mine = opened(SOCKET)
+    mine.claim(me, dead)
+    mine.remove_stale()
+    assert not markers.pop("gone").path.exists()
+    assert all(marker.path.exists() for marker in [*markers.values(), mine])
