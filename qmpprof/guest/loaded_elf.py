@@ -1,7 +1,10 @@
 """What a Linux process has loaded of an ELF file, for a file with no host copy: its
 unwind tables (PT_GNU_EH_FRAME: `.eh_frame_hdr`, and the `.eh_frame` it points at) and
 its dynamic symbols (PT_DYNAMIC: DT_SYMTAB, DT_STRTAB, DT_STRSZ, the symbol count from
-DT_GNU_HASH or DT_HASH), all read from the process's memory.
+DT_GNU_HASH or DT_HASH), all read from the process's memory; and, where the file's
+pages can be read by offset (the guest kernel's page cache), its full symbol table
+(`.symtab`, which no segment loads: a program not stripped, as gcc leaves it, has its
+static functions named too).
 
 Two steps, as the loader laid the file out (each PT_LOAD at its p_vaddr + bias):
 
@@ -9,7 +12,9 @@ Two steps, as the loader laid the file out (each PT_LOAD at its p_vaddr + bias):
     headers = step.advance(memory)       # raises MemoryFault: resumable (PageReader.run)
     for add in step.more(): headers = add(memory, headers)   # each: skipped if it faults
     pieces = {span: SparseBytes over span for span in headers.spans()}   # holes allowed
-    image = loaded_image(headers, pieces)                 # pure: symbols and FDEs
+    table = SparseBytes over headers.section_headers       # file offsets, if readable
+    symtab = [SparseBytes over span for span in symtab_spans(table)]
+    image = loaded_image(headers, pieces, file_symbols(headers, *symtab))  # pure
 
 The first reads the ELF and program headers, the dynamic section, the hash table's
 header and the start of `.eh_frame_hdr` (a few pages; the caller resumes it after each
@@ -27,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import struct
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from qmpprof.errors import BadCfi, MemoryFault
@@ -49,6 +54,7 @@ MAX_NAME = 1024
 MAX_PHDRS = 64
 MAX_DYNAMIC = 1024
 MAX_NOTES = 4096
+MAX_SECTIONS = 4096
 
 _ELF_MAGIC = b"\x7fELF\x02\x01"  # 64-bit, little-endian
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
@@ -56,6 +62,11 @@ _PHDR = struct.Struct("<IIQQQQQQ")
 _DYN = struct.Struct("<qQ")
 _SYM = struct.Struct("<IBBHQQ")
 _HDR_ENTRY = struct.Struct("<ii")
+#: A section header: name, type, flags, addr, offset, size, link, info, align, entsize.
+_SHDR = struct.Struct("<IIQQQQIIQQ")
+_SHT_SYMTAB, _SHT_STRTAB = 2, 3
+#: File offsets past this are not a file's (a hostile header's, taken as none).
+_MAX_FILE_OFFSET = 1 << 40
 #: Unpacked program headers: type, flags, offset, vaddr, paddr, filesz, memsz, align.
 _Phdrs = list[tuple[int, ...]]
 PT_LOAD, PT_DYNAMIC, PT_NOTE, PT_GNU_EH_FRAME = 1, 2, 4, 0x6474E550
@@ -94,6 +105,8 @@ class LoadedHeaders:
     eh_frame: Span | None = None
     symbols: Span | None = None  # DT_SYMTAB, count * 24 bytes
     strings: Span | None = None
+    #: The section header table, at file offsets (no segment loads it).
+    section_headers: Span | None = None
 
     def spans(self) -> tuple[Span, ...]:
         """The ranges the second step reads."""
@@ -184,7 +197,7 @@ class LoadedHeadersRead:
         build_id = self._build_id(memory, phdrs, bias)
         if self.mapping.build_id is not None and build_id != self.mapping.build_id:
             return None
-        return self._headers(phdrs, bias, build_id)
+        return replace(self._headers(phdrs, bias, build_id), section_headers=_sections(fields))
 
     def _headers(self, phdrs: _Phdrs, bias: int, build_id: bytes | None) -> LoadedHeaders:
         self._loads = [p for p in phdrs if p[0] == PT_LOAD]
@@ -313,6 +326,40 @@ class LoadedHeadersRead:
         return self._read[key]
 
 
+def _sections(header: tuple[int, ...]) -> Span | None:
+    """Where the ELF header (`_EHDR`'s fields) says its section header table lies in
+    the file; None for none, or one of another entry size or of too many entries."""
+    offset, entry_size, count = header[6], header[11], header[12]
+    if entry_size != _SHDR.size or not 0 < count <= MAX_SECTIONS:
+        return None
+    if not 0 < offset < _MAX_FILE_OFFSET:
+        return None
+    return Span(offset, count * _SHDR.size)
+
+
+def symtab_spans(table: SparseBytes) -> tuple[Span, Span] | None:
+    """Where the file holds its `.symtab` and that table's strings, from the section
+    header `table` (SparseBytes at file offsets); None without a readable one."""
+    headers = [
+        _SHDR.unpack_from(table.data, at) if table.readable(at, _SHDR.size) else None
+        for at in range(0, len(table.data) - _SHDR.size + 1, _SHDR.size)
+    ]
+    for header in headers:
+        if header is None or header[1] != _SHT_SYMTAB or header[9] != _SYM.size:
+            continue
+        link = header[6]
+        strings = headers[link] if link < len(headers) else None
+        if strings is None or strings[1] != _SHT_STRTAB:
+            return None
+        size = min(header[5], MAX_SYMBOLS * _SYM.size) // _SYM.size * _SYM.size
+        symbols = Span(header[4], size)
+        names = Span(strings[4], min(strings[5], MAX_STRINGS))
+        if all(0 <= span.address < span.end <= _MAX_FILE_OFFSET for span in (symbols, names)):
+            return symbols, names
+        return None
+    return None
+
+
 def _bias(phdrs: _Phdrs, base: int, mapping: FileMapping) -> int | None:
     """guest - file address, when the headers at `base` place the mapping where the map
     says: the PT_LOAD holding its offset lands at its start, and offset 0 at `base`."""
@@ -360,12 +407,27 @@ class LoadedImage:
     bytes_read: int
 
 
-def loaded_image(headers: LoadedHeaders, pieces: Mapping[Span, SparseBytes]) -> LoadedImage:
-    """The symbols and FDEs the second step's `pieces` (by Span) hold."""
+def loaded_image(
+    headers: LoadedHeaders,
+    pieces: Mapping[Span, SparseBytes],
+    more_symbols: Iterable[Symbol] = (),
+) -> LoadedImage:
+    """The symbols and FDEs the second step's `pieces` (by Span) hold; `more_symbols`:
+    those of the file's symbol table (`file_symbols`)."""
     fdes, problems = _fdes(headers, pieces)
-    symbols = list(_symbols(headers, pieces))
+    symbols = [*_dynamic_symbols(headers, pieces), *more_symbols]
     read = sum(p.pages_read() for p in pieces.values()) * PAGE_SIZE
     return LoadedImage(symbols, fdes, problems, read)
+
+
+def file_symbols(
+    headers: LoadedHeaders, table: SparseBytes | None = None, strings: SparseBytes | None = None
+) -> list[Symbol]:
+    """The function symbols of the file's `.symtab` (`table`) and its `strings`, read
+    where `symtab_spans` says (file offsets)."""
+    if table is None or strings is None:
+        return []
+    return list(_functions(table, strings, headers.executable))
 
 
 def _fdes(
@@ -389,18 +451,27 @@ def _fdes(
     return found.fdes, found.problems
 
 
-def _symbols(headers: LoadedHeaders, pieces: Mapping[Span, SparseBytes]) -> Iterator[Symbol]:
-    """The sized, defined function symbols whose code lies in an executable segment."""
+def _dynamic_symbols(
+    headers: LoadedHeaders, pieces: Mapping[Span, SparseBytes]
+) -> Iterator[Symbol]:
     if headers.symbols is None or headers.strings is None:
-        return
+        return iter(())
     table, strings = pieces.get(headers.symbols), pieces.get(headers.strings)
     if table is None or strings is None:
-        return
+        return iter(())
+    return _functions(table, strings, headers.executable)
+
+
+def _functions(
+    table: SparseBytes, strings: SparseBytes, executable: tuple[tuple[int, int], ...]
+) -> Iterator[Symbol]:
+    """The sized, defined function symbols of a symbol `table` whose code lies in an
+    `executable` segment (file addresses)."""
     for at in range(0, len(table.data) - _SYM.size + 1, _SYM.size):
         name_at, info, _, section, value, size = _SYM.unpack_from(table.data, at)
         if info & 0xF != _STT_FUNC or not section or not size or not table.readable(at, _SYM.size):
             continue
-        if not any(lo <= value and value + size <= hi for lo, hi in headers.executable):
+        if not any(lo <= value and value + size <= hi for lo, hi in executable):
             continue
         name = _name(strings, name_at)
         if name:
@@ -420,9 +491,12 @@ def loaded_module(mapping: FileMapping, headers: LoadedHeaders, image: LoadedIma
     return guest_loaded_file(mapping, image.symbols, cfi, headers.loads, headers.build_id)
 
 
-def read_loaded_module(memory: MemoryReader, mapping: FileMapping) -> Module | None:
+def read_loaded_module(
+    memory: MemoryReader, mapping: FileMapping, file: MemoryReader | None = None
+) -> Module | None:
     """Both steps over a MemoryReader that holds the process's memory (tests; the
-    capture reads through record/process_maps.py): None when the headers are unusable."""
+    capture reads through record/process_maps.py), and the symbol table from `file`
+    (its bytes at their file offsets) if given: None when the headers are unusable."""
     step = LoadedHeadersRead(mapping)
     try:
         headers = step.advance(memory)
@@ -434,4 +508,9 @@ def read_loaded_module(memory: MemoryReader, mapping: FileMapping) -> Module | N
         with contextlib.suppress(MemoryFault):
             headers = add(memory, headers)
     pieces = {span: read_sparse(memory, span) for span in headers.spans()}
-    return loaded_module(mapping, headers, loaded_image(headers, pieces))
+    symbols: list[Symbol] = []
+    if file is not None and headers.section_headers is not None:
+        spans = symtab_spans(read_sparse(file, headers.section_headers))
+        if spans is not None:
+            symbols = file_symbols(headers, *(read_sparse(file, span) for span in spans))
+    return loaded_module(mapping, headers, loaded_image(headers, pieces, symbols))

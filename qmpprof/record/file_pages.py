@@ -1,7 +1,8 @@
 """A guest file's pages as its process sees them, those it never touched included: read
 through the process's page tables, and where a page is in none (Linux maps file pages
 lazily), from the kernel's page cache (guest/linux/page_cache.py) when the process's
-VMA of that address would show the file's page unchanged.
+VMA of that address would show the file's page unchanged; and pages no VMA maps (where
+the file keeps its symbol table) by their index in the file.
 
     cache = PageCache.of_kernel(kernel, slide=lambda: adapter.bias)   # None: no layout
     memory = FileBackedMemory(backend, vcpu, source, cache)           # a MemoryBackend
@@ -62,13 +63,16 @@ class PageCache:
         """The page at `address` (page-aligned) as the file's mapping there shows it,
         from the page cache; None when it is not there or not the file's page."""
         index = source.page_index(address)
-        if index is None:
-            return None
+        return None if index is None else await self.file_page(reader, source.file, index)
+
+    async def file_page(self, reader: PageReader, file: int, index: int) -> bytes | None:
+        """Page `index` of the file open at `file` (a `struct file *`) from the page
+        cache, mapped or not; None when it is not there."""
         bases = await self._memory_bases(reader)
         if bases is None:
             return None
         layout = self.layout
-        found = await reader.run(lambda m: file_page(m, layout, bases, source.file, index))
+        found = await reader.run(lambda m: file_page(m, layout, bases, file, index))
         data = b"" if found is None or found is UNREADABLE else await reader.read_page(found)
         if len(data) != PAGE_SIZE:
             self.missed += 1
@@ -120,6 +124,11 @@ class FileBackedMemory:
             parts.append(page)
             at += PAGE_SIZE
         return b"".join(parts)[:size]
+
+    async def file_page(self, index: int) -> bytes | None:
+        """Page `index` of the file, mapped or not (its section headers and symbol table
+        are in no mapping), from the page cache; None when it is not there."""
+        return await self._cache.file_page(self._kernel, self._source.file, index)
 
     async def close(self) -> None:
         """Nothing: the backend it wraps is closed by its owner."""

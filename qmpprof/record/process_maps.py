@@ -45,15 +45,18 @@ from qmpprof.guest.loaded_elf import (
     LoadedHeadersRead,
     Span,
     SparseBytes,
+    file_symbols,
     loaded_image,
     loaded_module,
     page_numbers,
+    symtab_spans,
 )
 from qmpprof.memory import MemoryReader
 from qmpprof.model import FileMapping, RegisterSet
 from qmpprof.modules import Module
 from qmpprof.record.file_pages import FileBackedMemory, PageCache
 from qmpprof.record.page_reader import PAGE_SIZE, UNREADABLE, PageReader
+from qmpprof.symbols.elf import Symbol
 from qmpprof.target.memory import MemoryBackend
 from qmpprof.user_files import UserFiles
 
@@ -282,7 +285,8 @@ class ProcessMaps:
             added = await reader.run(_given(add, headers))
             headers = headers if added is UNREADABLE else added
         pieces = {span: await _sparse(memory, vcpu, span) for span in headers.spans()}
-        image = loaded_image(headers, pieces)
+        symbols = await _file_symbols(memory, headers)
+        image = loaded_image(headers, pieces, symbols)
         self.stats.image_bytes += reader.reads * PAGE_SIZE + image.bytes_read
         return loaded_module(mapping, headers, image)
 
@@ -306,6 +310,30 @@ async def _sparse(memory: MemoryBackend, vcpu: int, span: Span) -> SparseBytes:
         for index in range(whole):
             pages[page + index] = data[index * PAGE_SIZE : (index + 1) * PAGE_SIZE]
         page += whole if whole == count else whole + 1
+    return SparseBytes(span, pages)
+
+
+async def _file_symbols(memory: MemoryBackend, headers: LoadedHeaders) -> list[Symbol]:
+    """The functions of the file's own symbol table (`.symtab`, in no mapping), where the
+    page cache has the pages that hold it: none when no page cache can be read."""
+    if not isinstance(memory, FileBackedMemory) or headers.section_headers is None:
+        return []
+    spans = symtab_spans(await _file_sparse(memory, headers.section_headers))
+    if spans is None:
+        return []
+    table, strings = spans
+    return file_symbols(
+        headers, await _file_sparse(memory, table), await _file_sparse(memory, strings)
+    )
+
+
+async def _file_sparse(memory: FileBackedMemory, span: Span) -> SparseBytes:
+    """`span` (file offsets) from the page cache; a page it does not hold is a hole."""
+    pages: dict[int, bytes] = {}
+    for index in page_numbers(span):
+        page = await memory.file_page(index)
+        if page is not None:
+            pages[index] = page
     return SparseBytes(span, pages)
 
 

@@ -9,6 +9,8 @@ its RAM in a file (so the test can read it, and corrupt it, as a hostile guest c
   the BTF layouts the same as from the vmlinux's own sections;
 - `qmpprof --qmp-socket S --duration N` with no kernel file says where the kernel came
   from and names kernel frames and processes;
+- with no file of the guest's on this host either, its programs' frames are named from
+  the symbol tables their files keep in the guest's page cache, as nm names them;
 - a VMCOREINFO or a kallsyms table corrupted in guest memory: one line, the recording
   goes on without kernel symbols, no frame named, no traceback.
 """
@@ -16,7 +18,9 @@ its RAM in a file (so the test can read it, and corrupt it, as a hostile guest c
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import json
 import mmap
 import random
 import struct
@@ -36,6 +40,7 @@ from qmpprof.symbols.elf_file import open_elf
 from qmpprof.unwind.orc import read_orc
 from tests.integration.conftest import run_cached
 from tests.linux_vm import (
+    BUILD,
     LinuxGuest,
     kernel_abis,
     kernel_slide,
@@ -145,6 +150,54 @@ def test_a_user_s_command_names_the_kernel_from_memory(
     assert "entry_SYSCALL_64" in stacks and "do_syscall_64" in stacks  # sysloop's calls
     assert "sysloop (" in stacks and "crunch (" in stacks  # processes, from BTF's task_struct
     assert "Traceback" not in done.stderr
+
+
+def nm_functions(elf: Path) -> list[tuple[int, int, str]]:
+    """nm's sized functions of `elf`: (address, size, name), by address."""
+    listed = subprocess.run(
+        ["nm", "--defined-only", "-S", str(elf)], capture_output=True, text=True, check=True
+    )
+    found = []
+    for fields in (line.split() for line in listed.stdout.splitlines()):
+        if len(fields) == 4 and fields[2] in "TtWw" and int(fields[1], 16):
+            found.append((int(fields[0], 16), int(fields[1], 16), fields[3]))
+    return sorted(found)
+
+
+def nm_names_at(functions: list[tuple[int, int, str]], address: int) -> set[str]:
+    """The names nm gives the sized functions holding `address` (aliases share one)."""
+    at = bisect.bisect_right(functions, (address, 1 << 64, ""))
+    return {name for start, size, name in functions[:at] if start <= address < start + size}
+
+
+def test_programs_not_stripped_are_named_from_the_guest_alone(
+    linux: tuple[LinuxGuest, GuestRam],
+) -> None:
+    """No kernel, no sysroot: the workloads (static, not stripped, whole in the
+    initramfs's page cache) have every user frame named, each as nm names the address
+    in the program's file."""
+    guest, _ = linux
+    programs = {
+        path.name: nm_functions(path)
+        for path in BUILD.iterdir()
+        if path.name in ("crunch", "crunchnofp", "sysloop", "pinned")
+    }
+    named = 0
+    for _ in range(4):
+        done = run_cached("dump", "--json", "--qmp-socket", guest.qmp)
+        assert done.returncode == 0, done.stderr
+        for vcpu in json.loads(done.stdout)["vcpus"]:
+            for number, frame in enumerate(vcpu["frames"]):
+                functions = programs.get(frame["module"])
+                if functions is None or frame["inlined"]:
+                    continue
+                address = int(frame["address"], 16)
+                truth = nm_names_at(functions, address)
+                if number:  # a return address: the call before it may end its function
+                    truth |= nm_names_at(functions, address - 1)
+                assert frame["function"] in truth if truth else frame["function"] is None, frame
+                named += frame["function"] is not None
+    assert named, "no frame of the workloads was seen"
 
 
 def run_without_kernel(guest: LinuxGuest, tmp_path: Path) -> tuple[str, str]:

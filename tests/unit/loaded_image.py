@@ -1,9 +1,10 @@
 """An ELF file laid out in memory as ld.so loads it (each PT_LOAD's pages at base +
-p_vaddr), as a WindowMemory: the guest's view of a loaded library, for
-guest/loaded_elf.py's tests."""
+p_vaddr), as a WindowMemory: the guest's view of a loaded library; and its file's pages
+by offset, as the guest's page cache holds them: for guest/loaded_elf.py's tests."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 from elftools.elf.elffile import ELFFile
@@ -31,3 +32,16 @@ def loaded(path: Path, base: int, guest_path: str) -> tuple[WindowMemory, FileMa
         start, base + code["p_vaddr"] + code["p_memsz"], code["p_offset"] // PAGE * PAGE, guest_path
     )
     return WindowMemory(windows), mapping, data
+
+
+def file_pages(data: bytes, missing: Collection[int] = ()) -> WindowMemory:
+    """The file's bytes at their offsets, as the page cache has them (whole pages, zeros
+    past the end), but for the pages whose numbers are `missing`."""
+    pages = range(0, -(-len(data) // PAGE))
+    return WindowMemory(
+        [
+            MemoryWindow(n * PAGE, data[n * PAGE : (n + 1) * PAGE].ljust(PAGE, b"\0"))
+            for n in pages
+            if n not in missing
+        ]
+    )

@@ -1,8 +1,10 @@
 """A library as its process has it loaded, with no host file (guest/loaded_elf.py): its
 dynamic symbols and .eh_frame read from memory laid out as ld.so lays it out, at a
-random base. On shared libraries gcc builds here (data/userlib.c) and Debian's libc of
-the Linux test guest's sysroot when it is built; nm and qmpprof's reading of the file
-itself (load_module) say what the right answers are."""
+random base, and its full symbol table where the file's pages can be read by offset
+(the guest's page cache: the file's bytes here, some pages missing). On shared
+libraries and a static program gcc builds here (data/userlib.c, data/cfi_chain.c) and
+Debian's libc of the Linux test guest's sysroot when it is built; nm and qmpprof's
+reading of the file itself (load_module) say what the right answers are."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from elftools.elf.elffile import ELFFile
 
 from qmpprof.guest.loaded_elf import read_loaded_module
 from qmpprof.memory import WindowMemory
@@ -19,7 +22,7 @@ from qmpprof.modules import load_module
 from qmpprof.user_files import UserFiles
 from tests.seeds import seeded
 from tests.unit.conftest import build_elf
-from tests.unit.loaded_image import PAGE, loaded
+from tests.unit.loaded_image import PAGE, file_pages, loaded
 
 SHARED = ("-shared", "-fPIC", "-O2", "-Wl,--build-id")
 LIBC = Path(__file__).parents[2] / "examples/linux/build/sysroot/lib/x86_64-linux-gnu/libc.so.6"
@@ -30,11 +33,14 @@ def random_base(name: str) -> int:
     return 0x7F00_0000_0000 + seeded(name).randrange(1 << 28) * PAGE
 
 
-def exported_functions(path: Path) -> dict[int, set[str]]:
-    """nm -D's defined functions (T, W: not IFUNC resolvers, which qmpprof leaves out),
-    by address."""
+def nm_functions(path: Path, *flags: str) -> dict[int, set[str]]:
+    """nm's defined functions with a size (T, W: not IFUNC resolvers, which qmpprof leaves
+    out), by address: of every symbol table, or of .dynsym with `-D`."""
     out = subprocess.run(
-        ["nm", "-D", "--defined-only", "-S", str(path)], capture_output=True, text=True, check=True
+        ["nm", *flags, "--defined-only", "-S", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     found: dict[int, set[str]] = {}
     for parts in (line.split() for line in out.splitlines()):
@@ -50,7 +56,7 @@ def check_against_file(path: Path, guest_path: str) -> None:
     assert module is not None and module.from_guest
     reference = load_module(path)
     assert module.build_id == reference.build_id and module.loads == reference.loads
-    nm = exported_functions(path)
+    nm = nm_functions(path, "-D")
     names = {s.address: s.name for s in module.symbols}
     assert set(names) == set(nm) and all(names[a] in nm[a] for a in names)
     starts = sorted(f.start for f in reference.cfi.entries())
@@ -114,3 +120,44 @@ def test_user_files_hands_out_the_guest_copy(tmp_path: Path) -> None:
     module = read_loaded_module(memory, mapping)
     files.add_guest_copy(mapping, module)
     assert not files.wants_guest_copy(mapping) and files.module_for(mapping) is module
+
+
+@pytest.mark.parametrize("flags", [SHARED, ("-O2", "-static", "-g")], ids=["shared", "static"])
+def test_the_files_own_symbol_table_names_its_static_functions(
+    tmp_path: Path, flags: tuple[str, ...]
+) -> None:
+    """Where the file's pages are readable by offset, every sized function nm lists is
+    named, static ones included, at its own address."""
+    built = build_elf("userlib.c" if "-shared" in flags else "cfi_chain.c", tmp_path, *flags)
+    memory, mapping, data = loaded(built, random_base("symtab"), GUEST_PATH)
+    module = read_loaded_module(memory, mapping, file_pages(data))
+    assert module is not None
+    nm = nm_functions(built)
+    with built.open("rb") as stream:
+        code = [
+            (s["p_vaddr"], s["p_vaddr"] + s["p_memsz"])
+            for s in ELFFile(stream).iter_segments()
+            if s["p_type"] == "PT_LOAD" and s["p_flags"] & 1
+        ]
+    names = {s.address: s.name for s in module.symbols}
+    assert set(names) == {a for a in nm if any(lo <= a < hi for lo, hi in code)}
+    assert all(names[a] in nm[a] for a in names)
+    if "-shared" in flags:
+        assert module.symbols.find("userlib_hidden") is not None
+
+
+def test_symbol_table_pages_missing_leave_only_their_names_out(tmp_path: Path) -> None:
+    """The page cache without some of the file's pages: the symbols they hold (or whose
+    names they hold) are left out, and every name given is still nm's."""
+    built = build_elf("cfi_chain.c", tmp_path, "-O2", "-static")
+    memory, mapping, data = loaded(built, random_base("symtab holes"), GUEST_PATH)
+    whole = read_loaded_module(memory, mapping, file_pages(data))
+    assert whole is not None
+    nm = nm_functions(built)
+    pages = -(-len(data) // PAGE)
+    for missing in (range(pages - 3, pages - 1), range(pages - 12, pages - 6), range(pages)):
+        module = read_loaded_module(memory, mapping, file_pages(data, missing))
+        assert module is not None
+        names = {s.address: s.name for s in module.symbols}
+        assert all(names[a] in nm[a] for a in names)
+        assert len(names) < len({s.address for s in whole.symbols})
