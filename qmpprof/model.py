@@ -270,6 +270,19 @@ class CapturedSample:
     raw: RawSample
     stack: UnwoundStack
     process: Process | None
+    #: Read from a capture: the name recording gave each of the stack's frames (None:
+    #: unnamed), from symbols `report` may not have (the guest's memory); else empty.
+    names: tuple[FrameName | None, ...] = ()
+
+
+@dataclass(frozen=True)
+class FrameName:
+    """What a frame was named when it was recorded: its function, the offset in it, and
+    the module it is in."""
+
+    function: str
+    offset: int
+    module: str | None
 
 
 class NoUserSymbols(Enum):

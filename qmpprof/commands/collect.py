@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from qmpprof.analysis import Analyzer
 from qmpprof.console import Console
 from qmpprof.errors import OutputError
-from qmpprof.model import CapturedSample, Recording, Sample
+from qmpprof.model import CapturedSample, Frame, Recording, Sample
 from qmpprof.output.writers import Format, temporary_beside, write_profile
 from qmpprof.profile import Profile
 from qmpprof.record.qmpcap import CaptureWriter
@@ -90,11 +90,11 @@ class CaptureOutput:
         except OSError as err:
             raise OutputError(f"cannot write {path}: {err.strerror or err}") from err
 
-    def add(self, sample: CapturedSample) -> None:
+    def add(self, sample: CapturedSample, named: Sequence[Frame] = ()) -> None:
         if self.error is not None:
             return
         try:
-            self._writer.add(sample)
+            self._writer.add(sample, named)
         except OSError as err:
             self._fail(err)
             return
@@ -150,15 +150,20 @@ class Collector:
         self._captures.append(capture)
 
     def add_captured(self, captured: CapturedSample) -> None:
-        """Keep one captured sample in the capture files and symbolize it into the
-        profile; one that cannot be symbolized is counted, not raised."""
-        for capture in self._captures:  # never raises: a failing file only stops itself
-            capture.add(captured)
+        """Symbolize one captured sample into the profile and keep it, with its frames'
+        names, in the capture files; one that cannot be symbolized is counted, not
+        raised, and kept without names."""
+        sample = None
         try:
-            self.add(self.analyzer.symbolize(captured))
+            sample = self.analyzer.symbolize(captured)
         except Exception as err:  # a bad sample is data: it must not lose the profile
             self.profile.unanalysed += 1
             self.profile.last_error = f"{type(err).__name__}: {err}"
+        named = sample.frames if sample is not None else ()
+        for capture in self._captures:  # never raises: a failing file only stops itself
+            capture.add(captured, named)
+        if sample is not None:
+            self.add(sample)
 
     def add(self, sample: Sample) -> None:
         self.profile.add(sample)

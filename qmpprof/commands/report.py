@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from qmpprof.commands.collect import Collector, check_writable, raise_for_failures, show_written
@@ -10,7 +10,7 @@ from qmpprof.commands.common import TargetOptions, build_analyzer
 from qmpprof.console import Console, say, stderr_console
 from qmpprof.console.summary import render_profile
 from qmpprof.errors import UsageError
-from qmpprof.model import CapturedSample
+from qmpprof.model import CapturedSample, Frame, FrameName, Sample
 from qmpprof.output.writers import Format
 from qmpprof.profile import Grouping, Profile, Scope
 from qmpprof.record.qmpcap import Capture, read_capture
@@ -70,9 +70,34 @@ def _add(collector: Collector, entry: CapturedSample, reunwind: bool) -> None:
     """Add one replayed sample; one the analysis fails on is counted, as when recording."""
     analyzer = collector.analyzer
     try:
+        named = entry
         if reunwind and entry.raw.windows:
             entry = analyzer.examine(entry.raw).sample
-        collector.add(analyzer.symbolize(entry))
+        collector.add(named_as_recorded(analyzer.symbolize(entry), named))
     except Exception as error:  # a capture is input: one odd sample must not lose the rest
         collector.profile.unanalysed += 1
         collector.profile.last_error = f"{type(error).__name__}: {error}"
+
+
+def named_as_recorded(sample: Sample, recorded: CapturedSample) -> Sample:
+    """`sample` with the frames that report's own symbols leave unnamed named as they
+    were when `recorded` (a frame at the same address, kind and recovery): names read
+    from the guest's memory, which report has no copy of."""
+    names = {
+        address: name
+        for address, name in zip(recorded.stack.frames, recorded.names, strict=False)
+        if name is not None
+    }
+    if not names:
+        return sample
+    frames = tuple(_renamed(frame, names.get(frame.address)) for frame in sample.frames)
+    if frames == sample.frames:
+        return sample
+    named_leaf = frames[0].function is not None
+    return replace(sample, frames=frames, unsymbolized=None if named_leaf else sample.unsymbolized)
+
+
+def _renamed(frame: Frame, name: FrameName | None) -> Frame:
+    if frame.function is not None or name is None:
+        return frame
+    return replace(frame, function=name.function, offset=name.offset, module=name.module)

@@ -2,10 +2,11 @@
 
 JSON lines, gzip-compressed: a header `{"format": "qmpcap", "version": 1, "recording":
 {...}}`, then one line per vCPU sample with its time, registers, address space,
-identified user binary, process, unwound addresses and stop reason, and (with
---capture-memory) the memory windows read for it (record/qmpcap_schema.py). `qmpprof
-report` re-symbolizes the addresses with the binaries it is given, or, with the
-windows, unwinds again.
+identified user binary, process, unwound addresses, the names recording gave them, and
+stop reason, and (with --capture-memory) the memory windows read for it
+(record/qmpcap_schema.py). `qmpprof report` re-symbolizes the addresses with the
+binaries it is given (the recorded names name what those leave unnamed: symbols read
+from the guest's memory), or, with the windows, unwinds again.
 
 The file is a series of whole gzip members (which `zcat` reads as one stream): the
 header alone in the first, then about a second of samples in each, each appended with
@@ -24,10 +25,11 @@ import struct
 import threading
 import time
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 
 from qmpprof.errors import BadCapture, OutputError
-from qmpprof.model import CapturedSample, Recording
+from qmpprof.model import CapturedSample, Frame, Recording
 from qmpprof.record.qmpcap_read import Capture, read_capture
 from qmpprof.record.qmpcap_schema import encode_end, encode_header, encode_sample
 
@@ -136,12 +138,13 @@ class CaptureWriter:
             raise OutputError(f"cannot write {path}: {self.failed}")
         self._sync.request()
 
-    def add(self, sample: CapturedSample) -> None:
-        """Add one sample; the member holding it is written within a flush interval."""
+    def add(self, sample: CapturedSample, named: Sequence[Frame] = ()) -> None:
+        """Add one sample, with the names of its `named` frames (symbolized); the member
+        holding it is written within a flush interval."""
         if self.failed is not None:
             self.samples_lost += 1
             return
-        self._member.add(encode_sample(sample, self._keep_memory))
+        self._member.add(encode_sample(sample, self._keep_memory, named))
         if time.monotonic() - self._member_started >= self._flush_interval_s:
             self.flush()
 

@@ -8,7 +8,7 @@ value: it may hold guest-controlled text).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from enum import Enum
 from typing import Any, TypeVar
@@ -17,8 +17,10 @@ from qmpprof.errors import BadRecord
 from qmpprof.model import (
     CapturedSample,
     FileMapping,
+    Frame,
     FrameAddress,
     FrameKind,
+    FrameName,
     KernelModule,
     MemoryWindow,
     Process,
@@ -48,6 +50,8 @@ MAX_WINDOWS = 16
 MAX_FILE_MAPS = 1024
 MAX_PATH = 4096
 MAX_BUILD_ID = 64
+#: The longest function name a record keeps (C++ names run long, not this long).
+MAX_NAME = 4096
 #: JSON arrays and objects in one record line: its frames and windows, and a few more.
 #: Counted before parsing, so that a line of `[[[],[],...]]` never becomes millions of lists.
 MAX_CONTAINERS = MAX_FRAMES + MAX_WINDOWS + MAX_FILE_MAPS + 16
@@ -71,9 +75,13 @@ def encode_end(samples: int) -> bytes:
     return _line({"end": {"samples": samples}})
 
 
-def encode_sample(sample: CapturedSample, keep_memory: bool) -> bytes:
-    """The sample's record line; without its memory windows when they would not fit."""
+def encode_sample(sample: CapturedSample, keep_memory: bool, named: Sequence[Frame] = ()) -> bytes:
+    """The sample's record line, with the names of its `named` frames (the stack's,
+    symbolized); without its memory windows when they would not fit."""
     record = _sample_record(sample)
+    names = [_name(frame) for frame in named[:MAX_FRAMES]]
+    if any(names) and len(names) == len(record["frames"]):
+        record["names"] = names
     if keep_memory and sample.raw.windows:
         record["windows"] = [[w.base, w.data.hex()] for w in sample.raw.windows[:MAX_WINDOWS]]
         line = _line(record)
@@ -124,6 +132,12 @@ def _sample_record(sample: CapturedSample) -> dict[str, Any]:
             "thread_name": process.thread_name,
         },
     }
+
+
+def _name(frame: Frame) -> list[Any] | None:
+    if frame.function is None:
+        return None
+    return [frame.function[:MAX_NAME], frame.offset, frame.module]
 
 
 def _file_mapping(mapping: FileMapping) -> list[Any]:
@@ -220,7 +234,21 @@ def decode_sample(record: Any) -> CapturedSample:
         stop=fields.get("stop", _enum(StopReason)),
         fault_address=fields.get("fault", _optional(_u64), None),
     )
-    return CapturedSample(raw, stack, fields.get("process", _optional(_process)))
+    names: tuple[FrameName | None, ...] = fields.get("names", _names, ())
+    if names and len(names) != len(stack.frames):
+        raise BadRecord("field 'names' does not name each frame")
+    return CapturedSample(raw, stack, fields.get("process", _optional(_process)), names)
+
+
+def _names(value: Any) -> tuple[FrameName | None, ...]:
+    return tuple(_optional(_frame_name)(name) for name in _list(value, MAX_FRAMES))
+
+
+def _frame_name(value: Any) -> FrameName:
+    function, offset, module = _tuple(value, 3)
+    if len(_str(function)) > MAX_NAME or (module is not None and len(_str(module)) > MAX_PATH):
+        raise ValueError("has a name too long")
+    return FrameName(function, _u64(offset), module)
 
 
 def _registers(regs: dict[str, Any]) -> RegisterSet:

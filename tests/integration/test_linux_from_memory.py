@@ -10,7 +10,8 @@ its RAM in a file (so the test can read it, and corrupt it, as a hostile guest c
 - `qmpprof --qmp-socket S --duration N` with no kernel file says where the kernel came
   from and names kernel frames and processes;
 - with no file of the guest's on this host either, its programs' frames are named from
-  the symbol tables their files keep in the guest's page cache, as nm names them;
+  the symbol tables their files keep in the guest's page cache, as nm names them, and a
+  capture's `report` names every frame as the recording did;
 - a VMCOREINFO or a kallsyms table corrupted in guest memory: one line, the recording
   goes on without kernel symbols, no frame named, no traceback.
 """
@@ -198,6 +199,26 @@ def test_programs_not_stripped_are_named_from_the_guest_alone(
                 assert frame["function"] in truth if truth else frame["function"] is None, frame
                 named += frame["function"] is not None
     assert named, "no frame of the workloads was seen"
+
+
+def test_a_capture_reports_the_names_read_from_the_guest(
+    linux: tuple[LinuxGuest, GuestRam], tmp_path: Path
+) -> None:
+    """`report` has no guest memory: the names the recording read from it come from the
+    capture, so its stacks are the recording's own, named alike."""
+    guest, _ = linux
+    capture, live, replayed = tmp_path / "run.qmpcap", tmp_path / "live", tmp_path / "again"
+    done = run_cached(
+        "--qmp-socket", guest.qmp, "--duration", "2", "-o", str(capture), "-o", f"{live}.folded"
+    )
+    assert done.returncode == 0, done.stderr
+    done = run_cached("report", str(capture), "-o", f"{replayed}.folded")
+    assert done.returncode == 0, done.stderr
+    stacks = Path(f"{live}.folded").read_text()
+    assert ";main;" in stacks and "0xffffffff" not in stacks  # named from the guest alone
+    assert sorted(Path(f"{replayed}.folded").read_text().splitlines()) == sorted(
+        stacks.splitlines()
+    )
 
 
 def run_without_kernel(guest: LinuxGuest, tmp_path: Path) -> tuple[str, str]:

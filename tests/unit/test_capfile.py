@@ -14,18 +14,24 @@ import os
 import subprocess
 import sys
 import textwrap
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from qmpprof.analysis import Analyzer
+from qmpprof.commands.common import TargetOptions
+from qmpprof.commands.report import ReportOptions, named_as_recorded, run_report
+from qmpprof.console import Console
 from qmpprof.errors import BadCapture, OutputError
 from qmpprof.model import (
     CapturedSample,
     FileMapping,
+    Frame,
     FrameAddress,
     FrameKind,
+    FrameName,
     MemoryWindow,
     Process,
     RawSample,
@@ -35,6 +41,7 @@ from qmpprof.model import (
     StopReason,
     UnwoundStack,
 )
+from qmpprof.output.writers import Format
 from qmpprof.record.qmpcap import CaptureWriter, read_capture
 from qmpprof.record.qmpcap_schema import MAX_RECORD_BYTES, encode_header, encode_sample
 from qmpprof.symbols.elf import load_symbols
@@ -76,8 +83,22 @@ def real_samples(elf: Path, count: int) -> list[CapturedSample]:
         stop = list(StopReason)[index % len(StopReason)]
         fault = regs.rsp if stop is StopReason.FAULT else None
         process = None if index % 5 == 0 else Process(index % 7 or None, f"proc\x1b[{index}")
-        samples.append(CapturedSample(raw, UnwoundStack(frames, stop, fault), process))
+        names: tuple[FrameName | None, ...] = ()
+        if index % 3 != 1:  # named as symbolized when recorded: the callers, by the ELF
+            names = (None, *(FrameName(s.name, 4, f"{elf.name}\x1b[m") for s in callers if s))
+        samples.append(CapturedSample(raw, UnwoundStack(frames, stop, fault), process, names))
     return samples
+
+
+def named_frames(sample: CapturedSample) -> list[Frame]:
+    """The frames as symbolizing named them when `sample` was recorded (its `names`)."""
+    names = sample.names or (None,) * len(sample.stack.frames)
+    return [
+        Frame(address, None, 0, None)
+        if name is None
+        else Frame(address, name.function, name.offset, name.module)
+        for address, name in zip(sample.stack.frames, names, strict=True)
+    ]
 
 
 def file_maps(index: int, elf: Path) -> tuple[FileMapping, ...] | None:
@@ -103,7 +124,7 @@ def write_capture(path: Path, samples: list[CapturedSample], per_member: int) ->
     with CaptureWriter(path, RECORDING, keep_memory=True, flush_interval_s=1e9) as writer:
         sizes.append(path.stat().st_size)
         for index, sample in enumerate(samples, start=1):
-            writer.add(sample)
+            writer.add(sample, named_frames(sample))
             if index % per_member == 0:
                 writer.flush()
                 sizes.append(path.stat().st_size)
@@ -249,7 +270,9 @@ def test_a_missing_or_unreadable_file_is_one_error_line(tmp_path: Path) -> None:
 
 
 def good_record(sample: CapturedSample) -> dict[str, Any]:
-    record: dict[str, Any] = json.loads(encode_sample(sample, keep_memory=True))
+    record: dict[str, Any] = json.loads(
+        encode_sample(sample, keep_memory=True, named=named_frames(sample))
+    )
     return record
 
 
@@ -273,6 +296,11 @@ def good_record(sample: CapturedSample) -> dict[str, Any]:
         (lambda r: r.update(windows=[[(1 << 64) - 1, "0000"]]), "past the end"),
         (lambda r: r.update(windows={}), "field 'windows' is not a list"),
         (lambda r: r.clear(), "field 't' is missing"),
+        (lambda r: r.update(names=[None]), "field 'names' does not name each frame"),
+        (lambda r: r.update(names={}), "field 'names' is not a list"),
+        (lambda r: r["names"].__setitem__(1, ["f", -1, None]), "field 'names' is outside"),
+        (lambda r: r["names"].__setitem__(1, ["f" * 5000, 0, None]), "'names' has a name too"),
+        (lambda r: r["names"].__setitem__(1, [7, 0, None]), "field 'names' is not a string"),
     ],
 )
 def test_a_bad_record_ends_the_samples_with_a_warning_naming_its_field(
@@ -351,7 +379,7 @@ def test_a_file_that_cannot_be_created_is_an_output_error(tmp_path: Path) -> Non
 FULL_DISK = """
 import resource, signal, sys
 from pathlib import Path
-from tests.unit.test_capfile import RECORDING, real_samples
+from tests.unit.test_capfile import RECORDING, named_frames, real_samples
 from qmpprof.record.qmpcap import CaptureWriter
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
@@ -359,7 +387,7 @@ resource.setrlimit(resource.RLIMIT_FSIZE, (6000, 6000))
 samples = real_samples(Path(sys.argv[2]), 60)
 with CaptureWriter(Path(sys.argv[1]), RECORDING, True, flush_interval_s=1e9) as writer:
     for index, sample in enumerate(samples, start=1):
-        writer.add(sample)
+        writer.add(sample, named_frames(sample))
         if index % 5 == 0:
             writer.flush()
 print(writer.failed, writer.samples_kept, writer.samples_lost)
@@ -388,3 +416,27 @@ def test_a_write_that_fails_ends_the_file_at_its_last_whole_member(
     _, read, damage = read_all(path)
     assert read == real_samples(symbols_elf, 60)[: int(kept)]
     assert damage is not None and "no closing record" in damage
+
+
+def test_report_names_what_its_binaries_leave_unnamed_as_recorded(
+    tmp_path: Path, samples: list[CapturedSample]
+) -> None:
+    """A capture recorded with symbols report does not have (the guest's memory) keeps
+    the names recording gave: report with no binaries writes them; a frame its own
+    binaries name keeps their name."""
+    path, folded = tmp_path / "c.qmpcap", tmp_path / "out.folded"
+    write_capture(path, samples, per_member=7)
+    target = TargetOptions("", None)
+    run_report(
+        ReportOptions(path, target, ((folded, Format.FOLDED),), include_idle=True), Console()
+    )
+    recorded = {n.function for s in samples for n in s.names if n is not None}
+    stacks = folded.read_text()
+    assert recorded and all(name in stacks for name in recorded)
+    sample = samples[0]
+    binaries = Analyzer(None).symbolize(sample)  # this sample's frames named by none
+    first = replace(binaries.frames[1], function="from_a_binary", offset=2, module="m")
+    named = replace(binaries, frames=(binaries.frames[0], first, *binaries.frames[2:]))
+    result = named_as_recorded(named, sample)
+    assert result.frames[1].function == "from_a_binary"
+    assert [f.function for f in result.frames[2:]] == [n.function for n in sample.names[2:] if n]
