@@ -268,3 +268,32 @@ def test_remembered_vmcoreinfo_pages_stay_few(tmp_path: Path) -> None:
         assert place.page() == 0x1000 * (number + 1)
     left = sorted(int(path.name, 16) for path in tmp_path.iterdir())
     assert left == list(range(made - guest_kernel.MAX_REMEMBERED, made))
+
+
+def test_ram_is_scanned_from_the_start_of_the_highest_zone() -> None:
+    """Linux allocates VMCOREINFO early, near the start of the highest zone with memory:
+    in a guest with RAM above 4 GiB the scan starts there (a 4 GiB guest had its page
+    8 MiB past 4 GiB), and reads nothing below before it finds the page there."""
+    gib = 1 << 30
+    ranges = [(0, 3 * gib), (4 * gib, 6 * gib)]
+    assert vmcoreinfo.scan_order(ranges) == [
+        (4 * gib, 6 * gib),
+        (16 << 20, 3 * gib),
+        (0, 16 << 20),
+    ]
+    assert vmcoreinfo.scan_order([(0, 256 << 20)]) == [(16 << 20, 256 << 20), (0, 16 << 20)]
+    info = vmcoreinfo.parse(SAVED)
+    uts, page = release_page(info, SAVED_ABI.encode())
+    found_at = 4 * gib + 0x870000
+    chunk = found_at - found_at % vmcoreinfo.SCAN_CHUNK  # readable whole, as RAM is
+    zeros = {at: bytes(PAGE) for at in range(chunk, chunk + vmcoreinfo.SCAN_CHUNK, PAGE)}
+    ram = SparseRam({**zeros, found_at: SAVED.ljust(PAGE, b"\0"), uts: page})
+    scanned = []
+
+    def read(address: int, size: int) -> bytes:
+        if size == vmcoreinfo.SCAN_CHUNK:
+            scanned.append(address)
+        return ram.read(address, size)
+
+    assert vmcoreinfo.find(read, [*ranges, (uts, uts + PAGE)])[0] == found_at
+    assert scanned and min(scanned) >= 4 * gib

@@ -172,6 +172,9 @@ SCAN_CHUNK = 1 << 20
 #: Candidates checked at most: a guest can fill its RAM with pages that look like one.
 MAX_CANDIDATES = 256
 _MARKERS = ((b"OSRELEASE=", 0), (_NOTE_NAME[:11], 12))
+#: Where x86-64 Linux's memory zones begin, highest first: ZONE_NORMAL, ZONE_DMA32,
+#: ZONE_DMA.
+_ZONE_STARTS = (1 << 32, 16 << 20, 0)
 
 
 def find(
@@ -207,9 +210,26 @@ def _chain(first: list[int], rest: Iterator[int]) -> Iterator[int]:
     yield from (page for page in rest if page not in first)
 
 
+def scan_order(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """`ranges` cut at Linux's x86-64 zone boundaries, the highest zone first, each in
+    address order. The kernel allocates both VMCOREINFO pages early in boot, which the
+    page allocator serves from near the start of the highest zone with memory (4 GiB
+    up: seen 8 MiB past 4 GiB in a 4 GiB guest, whose RAM is scanned from 0 took 4 s;
+    without RAM above 4 GiB, 16 MiB up): a guest of 64 GiB is not read almost whole."""
+    order = []
+    upper = None
+    for floor in _ZONE_STARTS:
+        for start, end in ranges:
+            low, high = max(start, floor), end if upper is None else min(end, upper)
+            if low < high:
+                order.append((low, high))
+        upper = floor
+    return order
+
+
 def _candidates(read: PhysicalRead, ranges: list[tuple[int, int]]) -> Iterator[int]:
-    """Page starts where either copy's marker lies, in address order."""
-    for start, end in ranges:
+    """Page starts where either copy's marker lies, in `scan_order`."""
+    for start, end in scan_order(ranges):
         at = start - start % PAGE_SIZE
         while at < end:
             size = min(SCAN_CHUNK, end - at)
