@@ -13,8 +13,8 @@ Two steps, as the loader laid the file out (each PT_LOAD at its p_vaddr + bias):
     for add in step.more(): headers = add(memory, headers)   # each: skipped if it faults
     pieces = {span: SparseBytes over span for span in headers.spans()}   # holes allowed
     table = SparseBytes over headers.section_headers       # file offsets, if readable
-    symtab = [SparseBytes over span for span in symtab_spans(table)]
-    image = loaded_image(headers, pieces, file_symbols(headers, *symtab))  # pure
+    symtab, strings = (SparseBytes over span for span in symtab_spans(table))  # if any
+    image = loaded_image(headers, pieces, file_symbols(headers, symtab, strings))  # pure
 
 The first reads the ELF and program headers, the dynamic section, the hash table's
 header and the start of `.eh_frame_hdr` (a few pages; the caller resumes it after each
@@ -420,13 +420,9 @@ def loaded_image(
     return LoadedImage(symbols, fdes, problems, read)
 
 
-def file_symbols(
-    headers: LoadedHeaders, table: SparseBytes | None = None, strings: SparseBytes | None = None
-) -> list[Symbol]:
+def file_symbols(headers: LoadedHeaders, table: SparseBytes, strings: SparseBytes) -> list[Symbol]:
     """The function symbols of the file's `.symtab` (`table`) and its `strings`, read
     where `symtab_spans` says (file offsets)."""
-    if table is None or strings is None:
-        return []
     return list(_functions(table, strings, headers.executable))
 
 
@@ -512,5 +508,6 @@ def read_loaded_module(
     if file is not None and headers.section_headers is not None:
         spans = symtab_spans(read_sparse(file, headers.section_headers))
         if spans is not None:
-            symbols = file_symbols(headers, *(read_sparse(file, span) for span in spans))
+            table, strings = (read_sparse(file, span) for span in spans)
+            symbols = file_symbols(headers, table, strings)
     return loaded_module(mapping, headers, loaded_image(headers, pieces, symbols))
