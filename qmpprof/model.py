@@ -291,7 +291,7 @@ class NoUserSymbols(Enum):
     NO_BINARIES = "no user binaries given (--user-dir / --user)"
     NO_MATCH = "no given binary matches address space"
     OUTSIDE = "pc outside the symbols of"
-    NO_FILE = "pc in no file the process maps (anonymous memory, [vdso])"
+    NO_FILE = "pc in no file the process maps (anonymous memory: JIT code)"
     NO_HOST_FILE = "no usable host copy (--sysroot, --user-dir, --user) of"
 
 

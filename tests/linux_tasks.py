@@ -31,11 +31,12 @@ _MAPS_LINE = re.compile(
 
 
 def proc_maps(serial: str) -> dict[int, tuple[FileMapping, ...]]:
-    """Each pid's executable file mappings, as /proc/PID/maps printed them."""
+    """Each pid's executable file mappings, as /proc/PID/maps printed them, the vDSO's
+    (an ELF image the kernel maps, `[vdso]`) among them."""
     found: dict[int, list[FileMapping]] = {}
     for pid, start, end, perms, offset, path in _MAPS_LINE.findall(serial):
         found.setdefault(int(pid), [])
-        if "x" in perms and path.startswith("/"):
+        if "x" in perms and (path.startswith("/") or path.strip() == "[vdso]"):
             mapping = FileMapping(int(start, 16), int(end, 16), int(offset, 16), path.strip())
             found[int(pid)].append(mapping)
     return {pid: tuple(maps) for pid, maps in found.items()}

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import bisect
+import functools
 import os
 import re
+import struct
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from elftools.elf.elffile import ELFFile
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOT = ROOT / "examples" / "linux" / "boot.sh"
@@ -164,6 +169,46 @@ def nm_symbols(elf: Path) -> dict[str, set[int]]:
         if len(fields) == 3:
             symbols.setdefault(fields[2], set()).add(int(fields[0], 16))
     return symbols
+
+
+@functools.cache
+def vdso_image(vmlinux: Path) -> bytes:
+    """The 64-bit vDSO the kernel maps into every process, as its build embeds it
+    (`vdso_image_64`: the image's address and size), read from the vmlinux's file."""
+    address = min(nm_symbols(vmlinux)["vdso_image_64"])
+    with vmlinux.open("rb") as stream:
+        sections = [
+            (s["sh_addr"], s["sh_size"], s["sh_offset"])
+            for s in ELFFile(stream).iter_sections()
+            if s["sh_type"] == "SHT_PROGBITS" and s["sh_addr"]
+        ]
+
+        def read(at: int, size: int) -> bytes:
+            start, _, offset = next(s for s in sections if s[0] <= at < s[0] + s[1])
+            stream.seek(offset + at - start)
+            return stream.read(size)
+
+        data, size = struct.unpack("<QQ", read(address, 16))
+        return read(data, size)
+
+
+def nm_functions(elf: Path, *flags: str) -> list[tuple[int, int, str]]:
+    """nm's sized functions of `elf` (`-D`: its dynamic symbols): (address, size, name),
+    by address."""
+    listed = subprocess.run(
+        ["nm", *flags, "--defined-only", "-S", str(elf)], capture_output=True, text=True, check=True
+    )
+    found = []
+    for fields in (line.split() for line in listed.stdout.splitlines()):
+        if len(fields) == 4 and fields[2] in "TtWw" and int(fields[1], 16):
+            found.append((int(fields[0], 16), int(fields[1], 16), fields[3].split("@")[0]))
+    return sorted(found)
+
+
+def nm_names_at(functions: list[tuple[int, int, str]], address: int) -> set[str]:
+    """The names nm gives the sized functions holding `address` (aliases share one)."""
+    at = bisect.bisect_right(functions, (address, 1 << 64, ""))
+    return {name for start, size, name in functions[:at] if start <= address < start + size}
 
 
 def kallsyms_slide(serial_text: str, kernel: Path) -> int | None:

@@ -19,6 +19,8 @@
  *               compare_keys, ... (workloads/dynwork.c); only when --workloads names it
  *   loopread    keeps the loop driver's kworker busy: O_DIRECT reads of /dev/loop0 over
  *               a file in tmpfs (workloads/loopread.c); only when --workloads names it
+ *   timeloop    reads the clock, in the vDSO: main -> time_loop -> read_clock ->
+ *               clock_gettime -> the vDSO's; only when --workloads names it
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -45,7 +47,7 @@ static const struct workload {
 } WORKLOADS[] = {
     {"crunch", 0, 0}, {"crunchnofp", 0, 0}, {"sysloop", 0, 0},
     {"pinned", 0, 0}, {"sleeper", 0, 0},    {"dynwork", 1, 1},
-    {"loopread", 1, 1},
+    {"loopread", 1, 1}, {"timeloop", 1, 0},
 };
 #define STOP_IN_MAIN_ENV "QMPPROF_STOP_IN_MAIN=1"
 

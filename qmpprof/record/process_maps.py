@@ -22,7 +22,7 @@ Maps are kept per address space: CR3 without its PCID bits, and `process` (the t
 which the caller has from the adapter's label) when given, since a freed page directory
 is soon another process's CR3. They are read again when the user PC (`user_pc`, else
 the registers' PC in user mode) lies in no executable mapping the last read found
-(anonymous ones count: [vdso], JIT code), at most once per REREAD_INTERVAL_S per address
+(anonymous ones count: JIT code), at most once per REREAD_INTERVAL_S per address
 space, on an injected clock. With page-table isolation an address space has two CR3s
 (user and kernel): each is kept on its own.
 

@@ -19,7 +19,6 @@ its RAM in a file (so the test can read it, and corrupt it, as a hostile guest c
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import json
 import mmap
@@ -45,6 +44,8 @@ from tests.linux_vm import (
     LinuxGuest,
     kernel_abis,
     kernel_slide,
+    nm_functions,
+    nm_names_at,
     nm_symbols,
     running_linux,
     serial_says,
@@ -151,24 +152,6 @@ def test_a_user_s_command_names_the_kernel_from_memory(
     assert "entry_SYSCALL_64" in stacks and "do_syscall_64" in stacks  # sysloop's calls
     assert "sysloop (" in stacks and "crunch (" in stacks  # processes, from BTF's task_struct
     assert "Traceback" not in done.stderr
-
-
-def nm_functions(elf: Path) -> list[tuple[int, int, str]]:
-    """nm's sized functions of `elf`: (address, size, name), by address."""
-    listed = subprocess.run(
-        ["nm", "--defined-only", "-S", str(elf)], capture_output=True, text=True, check=True
-    )
-    found = []
-    for fields in (line.split() for line in listed.stdout.splitlines()):
-        if len(fields) == 4 and fields[2] in "TtWw" and int(fields[1], 16):
-            found.append((int(fields[0], 16), int(fields[1], 16), fields[3]))
-    return sorted(found)
-
-
-def nm_names_at(functions: list[tuple[int, int, str]], address: int) -> set[str]:
-    """The names nm gives the sized functions holding `address` (aliases share one)."""
-    at = bisect.bisect_right(functions, (address, 1 << 64, ""))
-    return {name for start, size, name in functions[:at] if start <= address < start + size}
 
 
 def test_programs_not_stripped_are_named_from_the_guest_alone(

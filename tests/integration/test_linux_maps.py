@@ -1,7 +1,9 @@
 """Each process's memory map, read by qmpprof from a booted Linux guest's kernel.
 
 The oracle is the guest's own word: examples/linux's init prints each workload's
-/proc/PID/maps on the console, and readelf gives the build-id of each workload's file.
+/proc/PID/maps on the console, and readelf gives the build-id of each workload's file
+and of the vDSO (the image the vmlinux embeds, which the kernel maps into each process:
+named and unwound as `nm -D` and its CFI say, in a guest that reads the clock there).
 Every workload's task is found from outside by walking init_task's task list, and its
 executable file mappings read from there are those /proc printed (a process whose
 printed maps hold no file mapping is skipped, and the test says so). ProcessMaps, the
@@ -11,8 +13,10 @@ build-id is in that process's memory, read through that vCPU's page tables)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,8 +29,18 @@ from qmpprof.model import FileMapping, RegisterSet
 from qmpprof.record.page_reader import UNREADABLE, PageReader
 from qmpprof.record.process_maps import ProcessMaps, read_maps
 from tests.elf_tools import build_id_of
+from tests.integration.conftest import run_cached
 from tests.linux_tasks import TaskList, catch_running, proc_maps
-from tests.linux_vm import ROOT, LinuxGuest, kernel_abis, running_linux, started_pids
+from tests.linux_vm import (
+    ROOT,
+    LinuxGuest,
+    kernel_abis,
+    nm_functions,
+    nm_names_at,
+    running_linux,
+    started_pids,
+    vdso_image,
+)
 
 BUILD = ROOT / "examples" / "linux" / "build"
 BUSY = ("crunch", "crunchnofp", "sysloop", "pinned")
@@ -100,10 +114,67 @@ def test_process_maps_gives_a_running_workloads_maps_and_build_id(
 
     found = asyncio.run(catch())
     assert sorted(busy[pid] for pid in found) == sorted(busy.values())
+    vdso = Path(maps_guest.serial).parent / "vdso.so"
+    vdso.write_bytes(vdso_image(maps_guest.kernel))
     for pid, maps in found.items():
         name = busy[pid]
         expected = [
             FileMapping(m.start, m.end, m.offset, m.path, build_id_of(BUILD / name))
+            if m.path != "[vdso]"
+            else FileMapping(m.start, m.end, m.offset, m.path, build_id_of(vdso))
             for m in printed[pid]
         ]
         assert list(maps or ()) == expected, name
+
+
+def test_the_vdso_is_named_as_its_image_says_and_unwound_through(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """timeloop reads the clock in the vDSO (the TSC clocksource: no system call): with no
+    file of the guest's on this host, its vDSO frames are named as `nm -D` names the
+    kernel's image at their offset, and the stack goes on through glibc's clock_gettime
+    to main."""
+    boot = ("--workloads", "timeloop", "--append", "clocksource=tsc tsc=reliable")
+    workdir = tmp_path_factory.mktemp("vdso")
+    with running_linux(workdir, *boot) as guest:
+        image = workdir / "vdso.so"
+        image.write_bytes(vdso_image(guest.kernel))
+        vdso, program = nm_functions(image, "-D"), nm_functions(BUILD / "timeloop")
+        serial = Path(guest.serial).read_text()
+        pid = started_pids(serial)["timeloop"]
+        base = next(m.start for m in proc_maps(serial)[pid] if m.path == "[vdso]")
+        seen = 0
+        for _ in range(40):  # a bound: timeloop is in the vDSO most of the time
+            done = run_cached("dump", "--json", "--qmp-socket", guest.qmp)
+            assert done.returncode == 0, done.stderr
+            for cpu in json.loads(done.stdout)["vcpus"]:
+                seen += vdso_frames_checked(cpu, base, vdso, program)
+            if seen >= 3:
+                break
+        assert seen >= 3, "timeloop was seen in the vDSO fewer than three times"
+
+
+def vdso_frames_checked(
+    cpu: dict[str, Any],
+    base: int,
+    vdso: list[tuple[int, int, str]],
+    program: list[tuple[int, int, str]],
+) -> bool:
+    """Whether this vCPU's stack has vDSO frames; each named as nm names its offset, and
+    the frames below them timeloop's own, named as nm names them, down to main."""
+    frames = [f for f in cpu["frames"] if int(f["address"], 16) < 1 << 47 and not f["inlined"]]
+    inside = [n for n, f in enumerate(frames) if f["module"] == "[vdso]"]
+    if not inside:
+        return False
+    for number in inside:
+        offset = int(frames[number]["address"], 16) - base
+        truth = nm_names_at(vdso, offset) | (nm_names_at(vdso, offset - 1) if number else set())
+        assert frames[number]["function"] in truth, frames[number]
+    below = frames[inside[-1] + 1 :]
+    assert below and all(f["module"] == "timeloop" for f in below), frames
+    assert below[0]["function"] == "clock_gettime", frames
+    for frame in below:
+        address = int(frame["address"], 16)
+        assert frame["function"] in nm_names_at(program, address - 1), frame
+    assert "main" in [f["function"] for f in below], frames
+    return True

@@ -7,11 +7,14 @@ Which one a kernel has is told by its types (mm_struct has `mm_mt` or `mmap`), n
 its version.
 Each VMA gives vm_start, vm_end, vm_pgoff (pages), vm_flags (VM_EXEC) and vm_file; a
 file's path is its dentry's name and its parents' (`f_path.dentry`, d_name, d_parent) up
-to the root of its filesystem. The offsets of every struct member come from the
-vmlinux's DWARF (guest/dwarf_types.py); the maple node's own layout does not, since its
-structs are only in lib/maple_tree.c's unit, past the DWARF scan's bound: it is fixed
-by the header for 64-bit kernels (256-byte nodes, type in the encoded pointer's bits
-3-6) and the same in 6.1 and 6.12 (GDB's ptype of both: tests/unit/test_linux_maps.py).
+to the root of its filesystem. The vDSO has no file: it is the executable VMA whose
+vm_private_data is a `struct vm_special_mapping` named "[vdso]" (as /proc/PID/maps
+names it), mapped whole from its ELF header, and given as a file of that name. The
+offsets of every struct member come from the vmlinux's DWARF (guest/dwarf_types.py);
+the maple node's own layout does not, since its structs are only in lib/maple_tree.c's
+unit, past the DWARF scan's bound: it is fixed by the header for 64-bit kernels
+(256-byte nodes, type in the encoded pointer's bits 3-6) and the same in 6.1 and 6.12
+(GDB's ptype of both: tests/unit/test_linux_maps.py).
 
 Mount points are not crossed: a path is from its filesystem's root (the whole path for a
 file on the root filesystem, as in the Linux test guest).
@@ -93,12 +96,14 @@ SHAPES = {
 }
 
 _STRUCTS = {"task_struct", "mm_struct", "maple_tree", "vm_area_struct", "file", "path"}
-_STRUCTS |= {"dentry", "qstr"}
+_STRUCTS |= {"dentry", "qstr", "vm_special_mapping"}
 _MEMBERS = (
     *("mm", "mm_mt", "ma_root", "vm_start", "vm_end", "vm_pgoff", "vm_flags", "vm_file"),
-    *("anon_vma", "pgd", "mmap", "vm_next"),
+    *("anon_vma", "pgd", "mmap", "vm_next", "vm_private_data"),
     *("f_path", "dentry", "d_name", "d_parent", "len", "name"),
 )
+#: The name the kernel gives the vDSO's special mapping (/proc/PID/maps prints it).
+VDSO_NAME = "[vdso]"
 #: The most bytes of one struct read at once (a VMA, a dentry).
 MAX_SPAN = 1024
 
@@ -125,11 +130,16 @@ class MapsLayout:
     mm_pgd: int | None = None
     #: vm_area_struct.vm_next: the VMAs are a list from mm_root (before 6.1), not a tree.
     vm_next: int | None = None
+    #: vm_area_struct.vm_private_data and vm_special_mapping.name: what names a special
+    #: mapping such as the vDSO (None: the vDSO is not told from other anonymous code).
+    vm_private_data: int | None = None
+    special_name: int | None = None
 
     @property
     def vma_span(self) -> int:
         fields = (self.vm_start, self.vm_end, self.vm_flags, self.vm_pgoff, self.vm_file)
-        return max(*fields, self.vm_anon_vma or 0, self.vm_next or 0) + 8
+        optional = (self.vm_anon_vma, self.vm_next, self.vm_private_data)
+        return max(*fields, *(offset or 0 for offset in optional)) + 8
 
     @property
     def dentry_span(self) -> int:
@@ -165,9 +175,19 @@ class MapsLayout:
             vma["anon_vma"].offset if "anon_vma" in vma else None,
             mm["pgd"].offset if "pgd" in mm else None,
             vm_next,
+            *_special_mapping(s),
         )
         spans_fit = layout.vma_span <= MAX_SPAN and layout.dentry_span <= MAX_SPAN
         return layout if spans_fit and layout.task_mm < 1 << 16 else None
+
+
+def _special_mapping(s: dict[str, dict[str, Member]]) -> tuple[int | None, int | None]:
+    """vm_area_struct.vm_private_data and vm_special_mapping.name, if both are known."""
+    private = s["vm_area_struct"].get("vm_private_data")
+    name = s.get("vm_special_mapping", {}).get("name")
+    if private is None or name is None or name.offset >= MAX_SPAN:
+        return None, None
+    return private.offset, name.offset
 
 
 @functools.lru_cache(maxsize=4)
@@ -264,6 +284,9 @@ class _Vma:
     copied: bool
     #: The next VMA of a list (before 6.1); 0 at its end and in a maple tree.
     next: int = 0
+    #: vm_private_data: a special mapping's description (the vDSO's), else whatever
+    #: its owner keeps there.
+    private: int = 0
 
 
 @dataclass
@@ -279,6 +302,8 @@ class _State:
     file_paths: dict[int, str] = field(default_factory=dict)
     dentries: dict[int, tuple[int, bytes | None]] = field(default_factory=dict)
     files: dict[int, int] = field(default_factory=dict)
+    #: The name of each special mapping description read (by its address).
+    special_names: dict[int, str | None] = field(default_factory=dict)
 
 
 class MapsWalk:
@@ -319,6 +344,9 @@ class MapsWalk:
             if file not in state.file_paths:
                 state.file_paths[file] = self._path(memory, file)
             state.paths.append(state.file_paths[file])
+        for vma in self._special_candidates():
+            if vma.private not in state.special_names:
+                state.special_names[vma.private] = self._special_name(memory, vma.private)
         return self._mapped(state.executable)
 
     def _read_root(self, memory: MemoryReader) -> None:
@@ -381,7 +409,8 @@ class MapsWalk:
         anon = 1 if layout.vm_anon_vma is None else word(layout.vm_anon_vma)
         following = 0 if layout.vm_next is None else word(layout.vm_next)
         pgoff, file = word(layout.vm_pgoff), word(layout.vm_file)
-        return _Vma(start, end, flags, pgoff, file, anon != 0, following)
+        private = 0 if layout.vm_private_data is None else word(layout.vm_private_data)
+        return _Vma(start, end, flags, pgoff, file, anon != 0, following, private)
 
     def _executable_files(self) -> list[_Vma]:
         """The executable VMAs of a file, in address order, once all are read; every
@@ -396,6 +425,40 @@ class MapsWalk:
                 if is_kernel(vma.file):
                     files.append(vma)
         return files
+
+    def _special_candidates(self) -> list[_Vma]:
+        """The executable VMAs of no file that describe themselves in vm_private_data (a
+        special mapping's, as the vDSO's is), in address order."""
+        if self._layout.special_name is None:
+            return []
+        return [
+            vma
+            for vma in sorted(self._state.read_vmas, key=lambda v: v.start)
+            if vma.flags & VM_EXEC
+            and vma.file == 0
+            and vma.start < vma.end <= KERNEL_HALF
+            and is_kernel(vma.private + (self._layout.special_name or 0))
+        ]
+
+    def _special_name(self, memory: MemoryReader, description: int) -> str | None:
+        """The name in the vm_special_mapping at `description`; None when it has none
+        that reads as text."""
+        assert self._layout.special_name is not None
+        at = memory.read_u64(description + self._layout.special_name)
+        if not is_kernel(at, len(VDSO_NAME) + 1):
+            return None
+        text = memory.read(at, len(VDSO_NAME) + 1)
+        return text[: text.find(b"\0")].decode("ascii", "replace") if b"\0" in text else None
+
+    def _vdso(self) -> list[MappedFile]:
+        """The vDSO's mapping (an ELF image the kernel maps into the process), as a file
+        mapped whole from offset 0, named as /proc/PID/maps names it."""
+        names = self._state.special_names
+        return [
+            MappedFile(vma.start, vma.end, 0, VDSO_NAME, vma.start, vma.end - vma.start)
+            for vma in self._special_candidates()
+            if names.get(vma.private) == VDSO_NAME
+        ]
 
     def _mapped(self, executable: list[_Vma]) -> tuple[MappedFile, ...]:
         headers: dict[int, _Vma] = {}
@@ -415,7 +478,7 @@ class MapsWalk:
             source = FileSource(vma.file, tuple(of_file.get(vma.file, ())))
             offset = vma.pgoff << PAGE_SHIFT
             found.append(MappedFile(vma.start, vma.end, offset, path, start, size, source))
-        return tuple(found)
+        return tuple(sorted([*found, *self._vdso()], key=lambda mapped: mapped.start))
 
     def _path(self, memory: MemoryReader, file: int) -> str:
         """The file's path from its filesystem's root; "?" for a part unreadable."""

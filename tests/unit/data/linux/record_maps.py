@@ -11,6 +11,7 @@ memory backend `hmp`) and saves to maps.json:
 
 - GDB's offsets of every member the walk reads, and its ptype of the maple nodes (a
   kernel whose VMAs are a list, 5.10: mm_struct.mmap and vm_area_struct.vm_next);
+- readelf's build-id of the vDSO the vmlinux embeds (each workload maps it);
 - for each workload caught: its pid, the bytes each read of the walk and of the
   build-id reader returned (exactly what they asked for, not whole pages), and the task;
 - the lines init printed from /proc/PID/maps (the oracle) and each workload's build-id
@@ -45,7 +46,7 @@ from qmpprof.record.process_maps import read_maps
 from qmpprof.target.memory import MemoryBackend
 from tests.elf_tools import readelf_build_id
 from tests.linux_tasks import catch_running
-from tests.linux_vm import ROOT, kernel_abis, running_linux, started_pids
+from tests.linux_vm import ROOT, kernel_abis, running_linux, started_pids, vdso_image
 
 OUT = Path(__file__).with_name("maps.json")
 BUILD = ROOT / "examples" / "linux" / "build"
@@ -69,9 +70,14 @@ GDB_LAYOUT = (
 )
 GDB_PTYPES = ("struct maple_range_64", "struct maple_arange_64")
 #: Before 6.1 the VMAs are a list: mm_struct.mmap in mm_mt.ma_root's place, and
-#: vm_area_struct.vm_next last (MapsLayout's order).
+#: vm_area_struct.vm_next after the above (MapsLayout's order; null with a maple tree).
 GDB_LIST_ROOT = "&((struct mm_struct *)0)->mmap"
 GDB_LIST_NEXT = "&((struct vm_area_struct *)0)->vm_next"
+#: What names a special mapping (the vDSO's), MapsLayout's last fields.
+GDB_SPECIAL = (
+    "&((struct vm_area_struct *)0)->vm_private_data",
+    "&((struct vm_special_mapping *)0)->name",
+)
 
 
 def gdb_output(vmlinux: Path, commands: list[str]) -> str:
@@ -89,14 +95,17 @@ def gdb(vmlinux: Path) -> dict[str, Any]:
     if not maple:
         expressions[1] = GDB_LIST_ROOT
         expressions.append(GDB_LIST_NEXT)
+    expressions += GDB_SPECIAL
     commands = []
     for expression in expressions:
         commands += ["-ex", f"print (long){expression}"]
     for name in GDB_PTYPES if maple else ():
         commands += ["-ex", f"ptype/o {name}"]
     out = gdb_output(vmlinux, commands)
-    offsets = [int(v) for v in re.findall(r"^\$\d+ = (\d+)$", out, re.MULTILINE)]
+    offsets: list[int | None] = [int(v) for v in re.findall(r"^\$\d+ = (\d+)$", out, re.MULTILINE)]
     assert len(offsets) == len(expressions), out
+    if maple:
+        offsets.insert(len(GDB_LAYOUT), None)  # no vm_next
     return {"layout": offsets, "ptype": out[out.index("/* offset") :] if maple else ""}
 
 
@@ -186,12 +195,21 @@ def record_kernel(abi: str) -> dict[str, Any]:
     names = {pid: name for name, pid in pids.items()}
     return {
         "gdb": oracle,
+        "vdso_build_id": vdso_build_id(guest.kernel),
         "workloads": {
             names[pid]: {"pid": pid, **walk, "build_id": readelf_build_id_hex(BUILD / names[pid])}
             for pid, walk in sorted(caught.items())
         },
         "maps_lines": re.findall(r"qmpprof-linux: maps .*", serial),
     }
+
+
+def vdso_build_id(vmlinux: Path) -> str | None:
+    """readelf's build-id of the vDSO image `vmlinux` embeds."""
+    with tempfile.NamedTemporaryFile(suffix=".so") as image:
+        image.write(vdso_image(vmlinux))
+        image.flush()
+        return readelf_build_id_hex(Path(image.name))
 
 
 def record_kernels(out: Path, record: Callable[[str], dict[str, Any]]) -> None:
