@@ -302,7 +302,10 @@ class _State:
     file_paths: dict[int, str] = field(default_factory=dict)
     dentries: dict[int, tuple[int, bytes | None]] = field(default_factory=dict)
     files: dict[int, int] = field(default_factory=dict)
-    #: The name of each special mapping description read (by its address).
+    #: The executable VMAs of no file that describe themselves in vm_private_data (a
+    #: special mapping's, as the vDSO's is), in address order; and the name of each
+    #: description read (by its address).
+    special: list[_Vma] = field(default_factory=list)
     special_names: dict[int, str | None] = field(default_factory=dict)
 
 
@@ -344,7 +347,7 @@ class MapsWalk:
             if file not in state.file_paths:
                 state.file_paths[file] = self._path(memory, file)
             state.paths.append(state.file_paths[file])
-        for vma in self._special_candidates():
+        for vma in state.special:
             if vma.private not in state.special_names:
                 state.special_names[vma.private] = self._special_name(memory, vma.private)
         return self._mapped(state.executable)
@@ -414,9 +417,11 @@ class MapsWalk:
 
     def _executable_files(self) -> list[_Vma]:
         """The executable VMAs of a file, in address order, once all are read; every
-        executable range (file or not) goes to `self.executable`."""
+        executable range (file or not) goes to `self.executable`, and those of no file
+        that may be a special mapping to the state's `special`."""
         self.executable = []
         files = []
+        name = self._layout.special_name
         for vma in sorted(self._state.read_vmas, key=lambda v: v.start):
             if not vma.start < vma.end <= KERNEL_HALF or vma.pgoff >> 52:
                 continue
@@ -424,21 +429,9 @@ class MapsWalk:
                 self.executable.append((vma.start, vma.end))
                 if is_kernel(vma.file):
                     files.append(vma)
+                elif vma.file == 0 and name is not None and is_kernel(vma.private + name):
+                    self._state.special.append(vma)
         return files
-
-    def _special_candidates(self) -> list[_Vma]:
-        """The executable VMAs of no file that describe themselves in vm_private_data (a
-        special mapping's, as the vDSO's is), in address order."""
-        if self._layout.special_name is None:
-            return []
-        return [
-            vma
-            for vma in sorted(self._state.read_vmas, key=lambda v: v.start)
-            if vma.flags & VM_EXEC
-            and vma.file == 0
-            and vma.start < vma.end <= KERNEL_HALF
-            and is_kernel(vma.private + (self._layout.special_name or 0))
-        ]
 
     def _special_name(self, memory: MemoryReader, description: int) -> str | None:
         """The name in the vm_special_mapping at `description`; None when it has none
@@ -456,7 +449,7 @@ class MapsWalk:
         names = self._state.special_names
         return [
             MappedFile(vma.start, vma.end, 0, VDSO_NAME, vma.start, vma.end - vma.start)
-            for vma in self._special_candidates()
+            for vma in self._state.special
             if names.get(vma.private) == VDSO_NAME
         ]
 
