@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import re
 import subprocess
 from pathlib import Path
@@ -19,3 +20,22 @@ def build_id_of(path: Path) -> bytes:
     found = readelf_build_id(path)
     assert found is not None, f"{path} has no build-id"
     return found
+
+
+def nm_functions(elf: Path, *flags: str) -> list[tuple[int, int, str]]:
+    """nm's sized functions of `elf` (`-D`: its dynamic symbols): (address, size, name),
+    by address."""
+    listed = subprocess.run(
+        ["nm", *flags, "--defined-only", "-S", str(elf)], capture_output=True, text=True, check=True
+    )
+    found = []
+    for fields in (line.split() for line in listed.stdout.splitlines()):
+        if len(fields) == 4 and fields[2] in "TtWw" and int(fields[1], 16):
+            found.append((int(fields[0], 16), int(fields[1], 16), fields[3].split("@")[0]))
+    return sorted(found)
+
+
+def nm_names_at(functions: list[tuple[int, int, str]], address: int) -> set[str]:
+    """The names nm gives the sized functions holding `address` (aliases share one)."""
+    at = bisect.bisect_right(functions, (address, 1 << 64, ""))
+    return {name for start, size, name in functions[:at] if start <= address < start + size}

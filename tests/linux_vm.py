@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
 import functools
 import os
 import re
@@ -190,25 +189,6 @@ def vdso_image(vmlinux: Path) -> bytes:
 
         data, size = struct.unpack("<QQ", read(address, 16))
         return read(data, size)
-
-
-def nm_functions(elf: Path, *flags: str) -> list[tuple[int, int, str]]:
-    """nm's sized functions of `elf` (`-D`: its dynamic symbols): (address, size, name),
-    by address."""
-    listed = subprocess.run(
-        ["nm", *flags, "--defined-only", "-S", str(elf)], capture_output=True, text=True, check=True
-    )
-    found = []
-    for fields in (line.split() for line in listed.stdout.splitlines()):
-        if len(fields) == 4 and fields[2] in "TtWw" and int(fields[1], 16):
-            found.append((int(fields[0], 16), int(fields[1], 16), fields[3].split("@")[0]))
-    return sorted(found)
-
-
-def nm_names_at(functions: list[tuple[int, int, str]], address: int) -> set[str]:
-    """The names nm gives the sized functions holding `address` (aliases share one)."""
-    at = bisect.bisect_right(functions, (address, 1 << 64, ""))
-    return {name for start, size, name in functions[:at] if start <= address < start + size}
 
 
 def kallsyms_slide(serial_text: str, kernel: Path) -> int | None:

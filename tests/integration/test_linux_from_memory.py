@@ -38,14 +38,13 @@ from qmpprof.guest.linux import vmcoreinfo
 from qmpprof.guest.linux.from_memory import NO_BTF, GuestKernel, read_guest_kernel
 from qmpprof.symbols.elf_file import open_elf
 from qmpprof.unwind.orc import read_orc
+from tests.elf_tools import nm_functions, nm_names_at
 from tests.integration.conftest import run_cached
 from tests.linux_vm import (
     BUILD,
     LinuxGuest,
     kernel_abis,
     kernel_slide,
-    nm_functions,
-    nm_names_at,
     nm_symbols,
     running_linux,
     serial_says,

@@ -28,15 +28,13 @@ from qmpprof.guest.linux.maps import maps_layout
 from qmpprof.model import FileMapping, RegisterSet
 from qmpprof.record.page_reader import UNREADABLE, PageReader
 from qmpprof.record.process_maps import ProcessMaps, read_maps
-from tests.elf_tools import build_id_of
+from tests.elf_tools import build_id_of, nm_functions, nm_names_at
 from tests.integration.conftest import run_cached
 from tests.linux_tasks import TaskList, catch_running, proc_maps
 from tests.linux_vm import (
     ROOT,
     LinuxGuest,
     kernel_abis,
-    nm_functions,
-    nm_names_at,
     running_linux,
     started_pids,
     vdso_image,

@@ -8,7 +8,6 @@ reading of the file itself (load_module) say what the right answers are."""
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from qmpprof.memory import WindowMemory
 from qmpprof.model import MemoryWindow
 from qmpprof.modules import load_module
 from qmpprof.user_files import UserFiles
+from tests.elf_tools import nm_functions
 from tests.seeds import seeded
 from tests.unit.conftest import build_elf
 from tests.unit.loaded_image import PAGE, file_pages, loaded
@@ -33,19 +33,12 @@ def random_base(name: str) -> int:
     return 0x7F00_0000_0000 + seeded(name).randrange(1 << 28) * PAGE
 
 
-def nm_functions(path: Path, *flags: str) -> dict[int, set[str]]:
+def functions_by_address(path: Path, *flags: str) -> dict[int, set[str]]:
     """nm's defined functions with a size (T, W: not IFUNC resolvers, which qmpprof leaves
     out), by address: of every symbol table, or of .dynsym with `-D`."""
-    out = subprocess.run(
-        ["nm", *flags, "--defined-only", "-S", str(path)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
     found: dict[int, set[str]] = {}
-    for parts in (line.split() for line in out.splitlines()):
-        if len(parts) == 4 and parts[2] in "TtWw" and int(parts[1], 16):
-            found.setdefault(int(parts[0], 16), set()).add(parts[3].split("@")[0])
+    for address, _, name in nm_functions(path, *flags):
+        found.setdefault(address, set()).add(name)
     return found
 
 
@@ -56,7 +49,7 @@ def check_against_file(path: Path, guest_path: str) -> None:
     assert module is not None and module.from_guest
     reference = load_module(path)
     assert module.build_id == reference.build_id and module.loads == reference.loads
-    nm = nm_functions(path, "-D")
+    nm = functions_by_address(path, "-D")
     names = {s.address: s.name for s in module.symbols}
     assert set(names) == set(nm) and all(names[a] in nm[a] for a in names)
     starts = sorted(f.start for f in reference.cfi.entries())
@@ -132,7 +125,7 @@ def test_the_files_own_symbol_table_names_its_static_functions(
     memory, mapping, data = loaded(built, random_base("symtab"), GUEST_PATH)
     module = read_loaded_module(memory, mapping, file_pages(data))
     assert module is not None
-    nm = nm_functions(built)
+    nm = functions_by_address(built)
     with built.open("rb") as stream:
         code = [
             (s["p_vaddr"], s["p_vaddr"] + s["p_memsz"])
@@ -153,7 +146,7 @@ def test_symbol_table_pages_missing_leave_only_their_names_out(tmp_path: Path) -
     memory, mapping, data = loaded(built, random_base("symtab holes"), GUEST_PATH)
     whole = read_loaded_module(memory, mapping, file_pages(data))
     assert whole is not None
-    nm = nm_functions(built)
+    nm = functions_by_address(built)
     pages = -(-len(data) // PAGE)
     for missing in (range(pages - 3, pages - 1), range(pages - 12, pages - 6), range(pages)):
         module = read_loaded_module(memory, mapping, file_pages(data, missing))
