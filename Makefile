@@ -115,10 +115,13 @@ linux-guest:  ## fetch Debian's kernels (6.1, 6.12, bullseye's 5.10, 6.1's 686-p
 
 #: Pauses per kernel and KASLR setting under `make linux-oracle` (each ~10 s).
 ORACLE_PAUSES ?= 100
+#: QEMU's CPU model for `make linux-oracle` (empty: qemu64; `max`: 5-level paging).
+ORACLE_CPU ?=
 
-linux-oracle: deps linux-guest  ## qmpprof vs GDB on the Linux guest: every kernel (fetch.sh --list), KASLR off and on, ORACLE_PAUSES pauses each
+linux-oracle: deps linux-guest  ## qmpprof vs GDB on the Linux guest: every kernel (fetch.sh --list), KASLR off and on, ORACLE_PAUSES pauses each (ORACLE_CPU=max: 5-level paging)
 	failed=0; for abi in $$(bash examples/linux/fetch.sh --list); do for kaslr in 0 1; do \
 		QMPPROF_LINUX_GDB_ABI=$$abi QMPPROF_LINUX_GDB_KASLR=$$kaslr QMPPROF_LINUX_GDB_SWEEP=$(ORACLE_PAUSES) \
+		QMPPROF_LINUX_GDB_CPU=$(ORACLE_CPU) \
 		$(BIN)/pytest -q -s tests/integration/test_linux_gdb_agreement.py || failed=1; done; done; exit $$failed
 
 #: Pauses per configuration under `make i386-oracle` (each about a second).

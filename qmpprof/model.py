@@ -144,8 +144,11 @@ class RegisterSet:
         return self.general["rbp"]
 
 
-#: x86-64 canonical addresses at or above this are the kernel's half.
-KERNEL_HALF = 0xFFFF_8000_0000_0000
+#: x86-64 canonical addresses at or above this are the kernel's half: the top bit is
+#: set in every kernel address and clear in every user one, with 4-level paging (the kernel
+#: from 0xffff800000000000) and 5-level (from 0xff00000000000000: its direct map, vmalloc
+#: area and so its slab objects and stacks lie below 4-level's split).
+KERNEL_HALF = 1 << 63
 
 
 def is_kernel_address(address: int) -> bool:

@@ -4,10 +4,12 @@
 #
 #   boot.sh --qmp SOCKET [--gdb SOCKET|PORT] [--smp N] [--serial LOG] [--timeout SEC]
 #           [--nokaslr] [--abi ABI] [--extra-qmp SOCKET] [--workloads a,b]
-#           [--memory-backend PATH] [--append 'KERNEL ARGS'] [--ram SIZE]
+#           [--memory-backend PATH] [--append 'KERNEL ARGS'] [--ram SIZE] [--cpu MODEL]
 #   boot.sh stop PID
 #
 # --append adds kernel command-line arguments (e.g. 'pti=on').
+# --cpu picks QEMU's CPU model (default qemu64): `max` has what a modern server's
+# `-cpu host` gives a guest, 5-level paging (LA57) and PCID among it.
 # --ram sets the guest's memory (default 256M; e.g. 2G).
 # --memory-backend keeps the guest's RAM in the file PATH (shared), which qmpprof
 # --mem-path PATH maps to read guest memory without system calls.
@@ -37,7 +39,7 @@ if [[ ${1:-} == stop ]]; then  # the example guest's stop: SIGTERM, then SIGKILL
 fi
 
 qmp='' extra_qmp='' gdb='' smp=2 serial='' timeout=120 kaslr='' abi='' workloads=''
-membackend='' append=''
+membackend='' append='' cpu=''
 while [[ $# -gt 0 ]]; do
     case $1 in
         --qmp) qmp=${2:?--qmp needs a value}; shift 2 ;;
@@ -52,7 +54,8 @@ while [[ $# -gt 0 ]]; do
         --memory-backend) membackend=${2:?--memory-backend needs a value}; shift 2 ;;
         --append) append=${2:?--append needs a value}; shift 2 ;;
         --ram) MEMORY=${2:?--ram needs a value}; shift 2 ;;
-        -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
+        --cpu) cpu=${2:?--cpu needs a value}; shift 2 ;;
+        -h|--help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
         *) die "unknown argument '$1'" ;;
     esac
 done
@@ -61,6 +64,7 @@ done
 [[ $timeout =~ ^[1-9][0-9]*$ ]] || die "--timeout must be a positive integer (seconds)"
 [[ $workloads =~ ^[a-z,]*$ ]] || die "--workloads takes names like crunch,sleeper"
 [[ $MEMORY =~ ^[1-9][0-9]*[MG]$ ]] || die "--ram takes a size like 256M or 2G"
+[[ $cpu =~ ^[A-Za-z0-9_.,=+-]*$ ]] || die "--cpu takes a QEMU CPU model like max or qemu64,+la57"
 [[ $append =~ ^[A-Za-z0-9_.,=\ -]*$ ]] || die "--append takes plain kernel arguments like 'pti=on'"
 command -v "$QEMU" >/dev/null || die "$QEMU not found"
 qmp=$(realpath -m -- "$qmp")
@@ -87,6 +91,7 @@ args=(-accel tcg -display none -no-reboot -m "$MEMORY" -smp "$smp" -name qmpprof
       -append "console=ttyS0 quiet panic=-1 $kaslr${workloads:+ qmpprof.workloads=$workloads}${append:+ $append}"
       -serial "file:$serial" -qmp "unix:$qmp,server=on,wait=off"
       -daemonize -pidfile "$pidfile")
+[[ -n $cpu ]] && args+=(-cpu "$cpu")
 [[ -n $gdb_device ]] && args+=(-gdb "$gdb_device")
 [[ -n $membackend ]] && memory_backend "$membackend" "$MEMORY"
 # A second QMP monitor: another client (a benchmark watching for STOP) next to qmpprof.

@@ -1,8 +1,11 @@
 """No --kernel: the Linux example guest's kernel read from its own memory, against
 oracles nobody here wrote.
 
-Each Debian kernel the tests boot (`fetch.sh --list`: 6.1 and 6.12), KASLR on, 2 vCPUs,
-its RAM in a file (so the test can read it, and corrupt it, as a hostile guest could):
+Each Debian kernel the tests boot (`fetch.sh --list`: 6.1, 6.12 and 5.10), KASLR on, 2
+vCPUs, its RAM in a file (so the test can read it, and corrupt it, as a hostile guest
+could); 6.12 on QEMU's `max` CPU, so with 5-level page tables (LA57: what `-cpu host` gives
+a guest on a server that has it; its kernel's direct map, slab and stacks lie below
+4-level's kernel half), the others on qemu64 and 4-level tables:
 - what qmpprof decodes from the guest (guest/linux/from_memory.py over the RAM file) is
   the debug vmlinux's, as binutils reads it: every code symbol at nm's address plus the
   slide the guest itself reports (/proc/kallsyms, printed by init); the ORC rows and
@@ -36,7 +39,11 @@ from qmpprof.errors import BadGuestKernel
 from qmpprof.guest.dwarf_types import read_layout
 from qmpprof.guest.linux import vmcoreinfo
 from qmpprof.guest.linux.from_memory import NO_BTF, GuestKernel, read_guest_kernel
+from qmpprof.model import RegisterSet
 from qmpprof.symbols.elf_file import open_elf
+from qmpprof.target.paging import PagingMode, PagingState
+from qmpprof.target.qmp import QmpSession
+from qmpprof.target.registers import parse_all
 from qmpprof.unwind.orc import read_orc
 from tests.elf_tools import nm_functions, nm_names_at
 from tests.integration.conftest import run_cached
@@ -83,13 +90,21 @@ class GuestRam:
             self.map[address : address + len(data)] = old
 
 
+def five_level_abi() -> str:
+    """The kernel booted with 5-level page tables: the newest (backports' 6.12)."""
+    return kernel_abis()[1]
+
+
 @pytest.fixture(scope="module", params=kernel_abis())
 def linux(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[LinuxGuest, GuestRam]]:
     workdir = tmp_path_factory.mktemp("linux-memory")
     ram_file = workdir / "ram"
-    with running_linux(workdir, "--memory-backend", str(ram_file), abi=request.param) as guest:
+    cpu = ("--cpu", "max") if request.param == five_level_abi() else ()
+    with running_linux(
+        workdir, "--memory-backend", str(ram_file), *cpu, abi=request.param
+    ) as guest:
         ram = GuestRam(ram_file)
         try:
             yield guest, ram
@@ -100,6 +115,25 @@ def linux(
 def from_memory(ram: GuestRam) -> tuple[int, GuestKernel]:
     page, info = vmcoreinfo.find(ram.read, [(0, len(ram.map))])
     return page, read_guest_kernel(info, ram.read)
+
+
+def test_the_guest_pages_as_its_cpu_lets_it(linux: tuple[LinuxGuest, GuestRam]) -> None:
+    """The boot this module relies on: 6.12 on `max` turned on 5-level paging (CR4.LA57)
+    on every vCPU, and qemu64 (no LA57) left the others on 4-level."""
+    guest, _ = linux
+    expected = PagingMode.LONG5 if guest.abi == five_level_abi() else PagingMode.LONG4
+    assert [PagingState.from_registers(r).mode for r in asyncio.run(registers(guest))] == [
+        expected,
+        expected,
+    ]
+
+
+async def registers(guest: LinuxGuest) -> list[RegisterSet]:
+    session = await QmpSession.connect(guest.qmp)
+    try:
+        return parse_all(await session.hmp("info registers -a"))
+    finally:
+        await session.close()
 
 
 def test_the_kernel_s_symbols_are_the_vmlinux_s_where_the_guest_says(

@@ -1,5 +1,6 @@
 """The Linux example guest (Debian's 6.1 kernel, KASLR off, 2 vCPUs; QMPPROF_LINUX_GDB_ABI
-and QMPPROF_LINUX_GDB_KASLR=1 pick another kernel and KASLR on): with GDB holding
+and QMPPROF_LINUX_GDB_KASLR=1 pick another kernel and KASLR on, QMPPROF_LINUX_GDB_CPU=max
+QEMU's CPU model with 5-level paging): with GDB holding
 the VM stopped at random points, `qmpprof dump --json` must agree with GDB frame for
 frame on each vCPU, by the rules of test_gdb_agreement.py (same addresses, same
 function wherever GDB names one, inlined calls listed above their caller).
@@ -70,6 +71,8 @@ PROGRAMS = ("init", "crunch", "crunchnofp", "sysloop", "pinned", "sleeper", "loo
 #: The kernel (`fetch.sh --list`; boot.sh's default if unset) and KASLR (on if "1").
 ABI = os.environ.get("QMPPROF_LINUX_GDB_ABI") or None
 KASLR = os.environ.get("QMPPROF_LINUX_GDB_KASLR") == "1"
+#: QEMU's CPU model (boot.sh's default, qemu64, if unset; `max`: 5-level paging).
+CPU = os.environ.get("QMPPROF_LINUX_GDB_CPU") or None
 #: The module the loopread workload loads (its path under lib/modules/ABI/kernel/).
 LOOP_MODULE = "drivers/block/loop"
 PAUSES = int(os.environ.get("QMPPROF_LINUX_GDB_PAUSES", "20"))
@@ -539,8 +542,9 @@ def measure(guest: LinuxGuest, oracle: LinuxOracle, pauses: int, name: str) -> A
 def guest_under_gdb(workdir: Path, *boot: str) -> Iterator[tuple[LinuxGuest, LinuxOracle]]:
     gdb_socket = str(workdir / "gdb.sock")
     kaslr = () if KASLR else ("--nokaslr",)
+    cpu = ("--cpu", CPU) if CPU else ()
     with running_linux(
-        workdir, *kaslr, "--smp", str(VCPUS), "--gdb", gdb_socket, *boot, abi=ABI
+        workdir, *kaslr, *cpu, "--smp", str(VCPUS), "--gdb", gdb_socket, *boot, abi=ABI
     ) as guest:
         gdb = GdbMi(guest.kernel, gdb_socket, timeout=GDB_TIMEOUT_S, offset=kernel_slide(guest))
         try:
