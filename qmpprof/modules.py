@@ -21,7 +21,7 @@ from qmpprof.symbols.elf_file import open_elf
 from qmpprof.symbols.image import code_sections
 from qmpprof.symbols.plt import plt_symbols
 from qmpprof.unwind.cfi import CfiTable, elf_word, load_cfi
-from qmpprof.unwind.orc import OrcTable, read_orc
+from qmpprof.unwind.orc import OrcTable, mend_error_entry_returns, read_orc
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,8 @@ def load_module(
         word = elf_word(elf)
     cfi = load_cfi(path, key)
     code = WindowMemory(sections)
+    if orc is not None:
+        mend_error_entry_returns(orc, table, code, extent)
     return Module(
         name or path.name,
         path,

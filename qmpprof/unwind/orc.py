@@ -20,6 +20,16 @@ Two layouts of the 16-bit field that follows the two offsets:
   when `end` is set;
 - from 6.4 (`.orc_header` present): sp_reg:4 bp_reg:4 type:3 signal:1, with types
   undefined 0, end_of_stack 1, call 2, regs 3, regs_partial 4.
+
+One place the table is wrong (`mend_error_entry_returns`): since 5.19 each interrupt and
+exception stub calls `error_entry`, which pushes the interrupted registers (pt_regs)
+and, coming from user mode, copies them to the task's stack (`sync_regs`, a tail call),
+then returns with them still pushed; the stub then moves to the stack it returned (`mov
+%rax, %rsp`). objtool takes that call for one that leaves the stack as it found it, so
+its entry for the return address (and the `mov`) puts the interrupt frame 8 bytes above
+RSP: a vCPU stopped in `sync_regs` was unwound through the wrong words, a user stack
+address for its pc. There pt_regs lie at RSP, as the entry after the `mov` says of the
+stack it moved to.
 """
 
 from __future__ import annotations
@@ -31,6 +41,9 @@ from enum import Enum
 
 from elftools.elf.elffile import ELFFile
 
+from qmpprof.errors import MemoryFault
+from qmpprof.memory import MemoryReader
+from qmpprof.symbols.elf import SymbolTable
 from qmpprof.symbols.elf_file import ELF_PARSE_ERRORS
 from qmpprof.unwind import rules as r
 from qmpprof.unwind.dwarf_expr import Op
@@ -169,6 +182,8 @@ class OrcTable:
         self.layout = layout
         self._end = end
         self._rows: dict[int, r.UnwindRow | None] = {}
+        #: Rows that replace the table's at single addresses (mend_error_entry_returns).
+        self._mended: dict[int, r.UnwindRow] = {}
 
     def __len__(self) -> int:
         return len(self._relative)
@@ -178,6 +193,9 @@ class OrcTable:
 
     def row_for(self, address: int) -> r.UnwindRow | None:
         """The row for `address`, or None where ORC does not describe it."""
+        mended = self._mended.get(address)
+        if mended is not None:
+            return mended
         if address >= self._end:
             return None
         index = bisect.bisect_right(range(len(self)), address, key=self._ip) - 1
@@ -190,6 +208,56 @@ class OrcTable:
             entry = decode_entry(self._entries, index * ENTRY_SIZE, self.layout)
             row = self._rows[index] = entry_row(entry)
         return row  # type: ignore[return-value]
+
+    def mend(self, address: int, row: r.UnwindRow) -> None:
+        """Describe `address` by `row`, whatever the table says there."""
+        self._mended[address] = row
+
+
+#: How far from `error_entry` its callers lie: the entry stubs share `.entry.text` with
+#: it (8 KiB on Debian's 6.12), and a kernel that calls it from elsewhere keeps its rows.
+_ENTRY_TEXT_REACH = 1 << 15
+#: `call rel32`, and the `mov %rax, %rsp` that follows each call to `error_entry`.
+_CALL = 0xE8
+_MOVE_TO_RETURNED_STACK = b"\x48\x89\xc4"
+
+
+def mend_error_entry_returns(
+    orc: OrcTable, symbols: SymbolTable, code: MemoryReader, extent: tuple[int, int]
+) -> int:
+    """Correct the table where each entry stub's `call error_entry` returns (see the
+    module's docstring): the return address, as the caller frame's pc looks it up (one
+    byte back) and as a vCPU's own pc, gets the row of the instruction after the `mov`,
+    a pt_regs frame at RSP. Only where the code is that call and that `mov`, and the row
+    after it that frame: another kernel (5.10 switches stacks inside `error_entry`) is
+    left as its table says. `code`: the kernel's code bytes in `extent`. How many stubs
+    were mended."""
+    error_entry = symbols.find("error_entry")
+    if error_entry is None:
+        return 0
+    start = max(error_entry.address - _ENTRY_TEXT_REACH, extent[0])
+    end = min(error_entry.address + _ENTRY_TEXT_REACH, extent[1])
+    try:
+        text = code.read(start, max(end - start, 0))
+    except MemoryFault:
+        return 0
+    mended = 0
+    at = text.find(_CALL)
+    while 0 <= at <= len(text) - 8:  # one turn per call opcode in 64 KiB
+        returns_to = start + at + 5
+        target = returns_to + int.from_bytes(text[at + 1 : at + 5], "little", signed=True)
+        if target == error_entry.address and text[at + 5 : at + 8] == _MOVE_TO_RETURNED_STACK:
+            row = orc.row_for(returns_to + len(_MOVE_TO_RETURNED_STACK))
+            if row is not None and row.signal_frame and row.cfa == _REGS_AT_RSP:
+                orc.mend(returns_to - 1, row)
+                orc.mend(returns_to, row)
+                mended += 1
+        at = text.find(_CALL, at + 1)
+    return mended
+
+
+#: Where the stub's row after the `mov` puts the caller's stack: pt_regs at RSP.
+_REGS_AT_RSP = r.CfaRule(r.RSP, 0)
 
 
 def read_orc(elf: ELFFile, end: int) -> OrcTable | None:

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import mmap
 import random
+import re
 import struct
 import subprocess
 from collections.abc import Iterator
@@ -45,6 +47,7 @@ from qmpprof.target.paging import PagingMode, PagingState
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.registers import parse_all
 from qmpprof.unwind.orc import read_orc
+from qmpprof.unwind.rules import RSP, CfaRule
 from tests.elf_tools import nm_functions, nm_names_at
 from tests.integration.conftest import run_cached
 from tests.linux_vm import (
@@ -170,6 +173,54 @@ def test_orc_and_btf_from_memory_are_the_vmlinux_s(linux: tuple[LinuxGuest, Gues
     structs = {"task_struct", "mm_struct", "vm_area_struct", "file", "module"}
     file_layout = read_layout(guest.kernel, set(), structs)
     assert kernel.types.layout(set(), structs).structs == file_layout.structs
+
+
+def test_orc_is_mended_where_each_entry_stub_s_call_to_error_entry_returns(
+    linux: tuple[LinuxGuest, GuestRam],
+) -> None:
+    """From 5.19 the entry stubs call error_entry and then move to the stack it returns
+    (`mov %rax, %rsp`), every register pushed at RSP; the table says an interrupt frame
+    8 bytes up (unwind/orc.py). At each such return address objdump finds in the
+    vmlinux, the row from memory is the one after the `mov`; where the vmlinux's own
+    table is kept (5.10's stubs, which error_entry returns to on the task's stack)
+    nothing changed."""
+    guest, ram = linux
+    _, kernel = from_memory(ram)
+    mended = kernel.module.orc
+    with open_elf(guest.kernel) as elf:
+        table = read_orc(elf, kernel.module.extent[1])
+    assert mended is not None and table is not None
+    returns = error_entry_returns(guest.kernel)
+    assert len(returns) > 40  # every interrupt and exception stub
+    for address, moves in returns:
+        if moves:
+            after = mended.row_for(address + 3)
+            assert after is not None and after.signal_frame and after.cfa == CfaRule(RSP, 0)
+            assert mended.row_for(address - 1) == mended.row_for(address) == after
+            assert table.row_for(address - 1) != after  # what the vmlinux says there
+        else:
+            assert mended.row_for(address - 1) == table.row_for(address - 1)
+    stubs_move = {moves for _, moves in returns}
+    assert stubs_move == ({False} if guest.abi.startswith("5.10") else {True})
+
+
+def error_entry_returns(vmlinux: Path) -> list[tuple[int, bool]]:
+    """Each return address of a `call <error_entry>` objdump finds in the vmlinux's
+    entry text, and whether a `mov %rax,%rsp` is there."""
+    nm = nm_symbols(vmlinux)
+    (start,), (stop,) = nm["__entry_text_start"], nm["__entry_text_end"]
+    listed = subprocess.run(
+        ["objdump", "-d", f"--start-address={start:#x}", f"--stop-address={stop:#x}", str(vmlinux)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    instructions = re.findall(r"^ *([0-9a-f]+):\t[^\t]*\t(.*)$", listed, re.MULTILINE)
+    return [
+        (int(after, 16), re.fullmatch(r"mov +%rax,%rsp", text.strip()) is not None)
+        for (_, call), (after, text) in itertools.pairwise(instructions)
+        if re.fullmatch(r"call +[0-9a-f]+ <error_entry>", call.strip())
+    ]
 
 
 def test_a_user_s_command_names_the_kernel_from_memory(

@@ -60,6 +60,7 @@ from tests.linux_vm import (
     kernel_slide,
     module_debug_file,
     module_sections,
+    nm_symbols,
     running_linux,
 )
 from tests.seeds import seeded
@@ -172,6 +173,8 @@ class Observed:
     kernel_complete: bool  # False: cut at an entry frame, more may follow in truth
     user: list[GdbFrame]
     comm: str
+    #: The user frames come from the registers the entry pushed, not from the task's copy.
+    user_from_entry: bool = False
 
 
 @dataclass(frozen=True)
@@ -270,7 +273,9 @@ class LinuxOracle:
             self.number(f"(unsigned long){field}stack", thread),
         )
 
-    def observe(self, thread: int) -> Observed:
+    def observe(self, thread: int, pushed_at: int | None = None) -> Observed:
+        """`pushed_at`: where the entry pushed the user registers, when they are not yet
+        copied to the task's stack (a stop at sync_regs's first instruction)."""
         task = self.task(thread)
         user_mode = self.number("$cs", thread) & 3 == 3
         if user_mode:
@@ -280,8 +285,8 @@ class LinuxOracle:
             return Observed(IDLE, kernel, complete, [], task.comm)
         if task.flags & PF_KTHREAD:
             return Observed(KTHREAD, kernel, complete, [], task.comm)
-        user = self.frames_from_saved_user_registers(thread, task)
-        return Observed(USER_TASK_KERNEL, kernel, complete, user, task.comm)
+        user = self.frames_from_saved_user_registers(thread, task, pushed_at)
+        return Observed(USER_TASK_KERNEL, kernel, complete, user, task.comm, pushed_at is not None)
 
     def user_frames(self, thread: int, comm: str) -> list[GdbFrame]:
         program = BUILD / comm
@@ -297,13 +302,18 @@ class LinuxOracle:
         made_up = self.gdb.tail_call_levels(thread)
         return [f for f in self.gdb.frames(thread) if f.level not in made_up]
 
-    def frames_from_saved_user_registers(self, thread: int, task: Task) -> list[GdbFrame]:
+    def frames_from_saved_user_registers(
+        self, thread: int, task: Task, pushed_at: int | None = None
+    ) -> list[GdbFrame]:
         """GDB's backtrace from the pt_regs at the top of the task's kernel stack (where
-        every entry from user mode saves the user registers), with GDB's registers set to
-        them for that backtrace only: each is put back as it was, and checked. (In the
-        first instructions of entry_SYSCALL_64, before it pushes them, they are the
-        previous entry's: a rare sample there can disagree in its user part.)"""
-        regs = f"((struct pt_regs *){task.stack + self.layout.thread_size:#x} - 1)->"
+        every entry from user mode saves the user registers), or at `pushed_at`, with
+        GDB's registers set to them for that backtrace only: each is put back as it was,
+        and checked. (In the first instructions of entry_SYSCALL_64, before it pushes
+        them, they are the previous entry's: a rare sample there can disagree in its user
+        part.)"""
+        top = task.stack + self.layout.thread_size
+        pointer = f"{pushed_at:#x}" if pushed_at is not None else f"{top:#x} - 1"
+        regs = f"((struct pt_regs *){pointer})->"
         if self.number(f"{regs}cs", thread) & 3 != 3:
             return []  # not (yet) user registers: a task that never left the kernel
         saved = self.gdb.registers(thread)
@@ -515,10 +525,7 @@ def measure(guest: LinuxGuest, oracle: LinuxOracle, pauses: int, name: str) -> A
     """GDB against qmpprof given the vmlinux, and (`Agreement.memory`) against qmpprof
     given no kernel file, at the same pauses."""
     rng = seeded(name)
-    aliases, said = Aliases.of(guest.kernel), f"{guest.abi}, KASLR {'on' if KASLR else 'off'}"
-    result = Agreement(pauses, aliases, said)
-    result.memory = Agreement(pauses, aliases, f"{said}, no --kernel", from_memory=True)
-    result.memory.labels, result.memory.slide = KernelLabels(guest.kernel), kernel_slide(guest)
+    result, memory = agreements(guest, pauses, "")
     started = time.monotonic()
     for _ in range(pauses):
         oracle.gdb.resume()
@@ -531,11 +538,22 @@ def measure(guest: LinuxGuest, oracle: LinuxOracle, pauses: int, name: str) -> A
         for vcpu in range(VCPUS):
             observed = oracle.observe(vcpu + 1)
             result.add(observed, ours[vcpu])
-            result.memory.add(observed, from_memory[vcpu])
-    result.seconds = result.memory.seconds = time.monotonic() - started
+            memory.add(observed, from_memory[vcpu])
+    result.seconds = memory.seconds = time.monotonic() - started
     print(result.table())
-    print(result.memory.table())
+    print(memory.table())
     return result
+
+
+def agreements(guest: LinuxGuest, pauses: int, where: str) -> tuple[Agreement, Agreement]:
+    """Empty tallies of qmpprof given the vmlinux (its `memory` the other) and of qmpprof
+    given no kernel file, for `pauses` pauses (`where`: what they are, if not random)."""
+    aliases = Aliases.of(guest.kernel)
+    said = f"{guest.abi}, KASLR {'on' if KASLR else 'off'}{where}"
+    result = Agreement(pauses, aliases, said)
+    result.memory = Agreement(pauses, aliases, f"{said}, no --kernel", from_memory=True)
+    result.memory.labels, result.memory.slide = KernelLabels(guest.kernel), kernel_slide(guest)
+    return result, result.memory
 
 
 @contextmanager
@@ -594,11 +612,14 @@ def quiet_agreement(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agreem
 
 def saving_user_registers(observed: Observed) -> bool:
     """The vCPU stopped in the system-call or interrupt entry itself, while it still
-    pushes the user's registers: the oracle's pt_regs then mixes this entry's registers
-    with the last one's (seen: `__libc_write` under `ask_parent`, which only calls
+    pushes the user's registers or copies them to the task's stack (sync_regs), and the
+    oracle did not read them where they were pushed: its pt_regs then mix this entry's
+    registers with the last one's (seen: `__libc_write` under `ask_parent`, which only calls
     `getppid`), so the whole stack has no oracle there; its kernel part still counts."""
     leaf = observed.kernel[0].function if observed.kernel else None
-    return leaf is not None and ENTRY.fullmatch(leaf) is not None
+    if observed.user_from_entry or leaf is None:
+        return False
+    return ENTRY.fullmatch(leaf) is not None or leaf == "sync_regs"  # copying them
 
 
 def switching_address_space(observed: Observed) -> bool:
@@ -665,6 +686,42 @@ def test_a_wider_sweep_agrees_with_gdb_in_every_class(
 def from_memory(result: Agreement) -> Agreement:
     assert result.memory is not None
     return result.memory
+
+
+#: Stops at sync_regs's first instruction.
+SYNC_REGS_STOPS = 3
+
+
+def test_a_stop_in_sync_regs_agrees_with_gdb(
+    linux_under_gdb: tuple[LinuxGuest, LinuxOracle],
+) -> None:
+    """A vCPU stopped (a GDB breakpoint) as an interrupt or exception from user mode
+    enters sync_regs, which copies the registers error_entry pushed on the entry stack to
+    the task's: its return address is the stub's, where ORC's table says an interrupt
+    frame 8 bytes up while every register lies pushed there (unwind/orc.py mends it;
+    before, a user stack address was taken for a pc and the user frames were lost). GDB's
+    user frames come from that copy's source, sync_regs's argument. qmpprof, with the
+    vmlinux and with none, must agree on every stop."""
+    guest, oracle = linux_under_gdb
+    (site,) = nm_symbols(guest.kernel)["sync_regs"]
+    site += kernel_slide(guest)
+    result, memory = agreements(guest, SYNC_REGS_STOPS, ", stopped in sync_regs")
+    gdb = oracle.gdb
+    for _ in range(SYNC_REGS_STOPS):
+        gdb.command(f"-break-insert -h *{site:#x}")
+        gdb.resume()
+        stopped = gdb.wait_for("*stopped")[-1]
+        gdb.command("-break-delete")
+        thread = int(re.search(r'thread-id="(\d+)"', stopped).group(1))  # type: ignore[union-attr]
+        observed = oracle.observe(thread, pushed_at=oracle.number("$rdi", thread))
+        assert observed.kind == USER_TASK_KERNEL and observed.kernel[0].address == site, stopped
+        result.add(observed, qmpprof_frames(guest, oracle.module_dir)[thread - 1])
+        memory.add(observed, qmpprof_frames(guest, oracle.module_dir, True)[thread - 1])
+    print(result.table())
+    print(memory.table())
+    for tally in (result, memory):
+        whole = tally.classes[USER_TASK_WHOLE]
+        assert whole.agreed == whole.samples == SYNC_REGS_STOPS, tally.table()
 
 
 def test_user_samples_agree_with_gdb_without_a_kernel_file(agreement: Agreement) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 import functools
 import hashlib
+import struct
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +56,7 @@ from qmpprof.symbols.elf import (
     unpack,
 )
 from qmpprof.unwind.cfi import CfiTable
-from qmpprof.unwind.orc import ENTRY_SIZE, Layout, OrcTable
+from qmpprof.unwind.orc import ENTRY_SIZE, Layout, OrcTable, mend_error_entry_returns
 from qmpprof.visible import visible
 
 #: The name a kernel read from memory goes by (frames, summaries, captures).
@@ -134,6 +135,8 @@ def read_guest_kernel(info: VmcoreInfo, read: PhysicalRead) -> GuestKernel:
     orc = _orc(image, table, table.extent[1])
     btf = _btf_bytes(image, table)
     code, text = table.code, _text(image, table, lazily=orc is not None)
+    if orc is not None:
+        mend_error_entry_returns(orc, code, text, table.extent)
     module = Module(NAME, PATH, code, CfiTable([]), text, None, info.build_id, table.extent, orc)
     # Layouts are cached under what they come from: these kallsyms and this BTF.
     digest = hashlib.sha256(key.build_id + hashlib.sha256(btf or b"").digest()).digest()
@@ -301,33 +304,50 @@ def _text_now(image: KernelImage, span: tuple[int, int] | None) -> WindowMemory:
 
 
 class _LazyText:
-    """The kernel's text, read whole (as _text_now reads it) when first read inside it.
+    """The kernel's text, read a 64 KiB piece at a time when first read inside it.
 
     With ORC, only a frame-pointer step or a call check of a kernel frame reads it (the
     return-site check of a frame with ORC does not: address_space.ReturnSites), while the
-    sample is unwound: most runs never do, and it is 15 MB of guest memory, a tenth of a
-    warm `qmpprof dump`. Without ORC it is read at once, as symbolize's return-site
-    checks may read it once the guest's memory is closed."""
+    sample is unwound, and the mend of ORC's entry-stub rows reads the 64 KiB around
+    `error_entry` (unwind/orc.py): it is 15 MB of guest memory, and read whole it took a
+    tenth of a warm `qmpprof dump`. Without ORC it is read at once, as symbolize's
+    return-site checks may read it once the guest's memory is closed."""
 
     def __init__(self, image: KernelImage, span: tuple[int, int]) -> None:
-        self._image, self._span = image, span
+        self._image = image
         self._base, self._end = span[0], span[0] + span[1]
-        self._memory: WindowMemory | None = None
-
-    def _read(self) -> WindowMemory:
-        if self._memory is None:
-            self._memory = _text_now(self._image, self._span)
-        return self._memory
+        self._pieces: dict[int, bytes] = {}  # at most the text's size / _TEXT_PIECE
 
     def read(self, address: int, size: int) -> bytes:
-        if address - self._base >= 0 and address + size <= self._end:
-            return self._read().read(address, size)
-        raise MemoryFault(address, size)  # outside the text: as WindowMemory says
+        if not (address - self._base >= 0 and address + size <= self._end and size > 0):
+            raise MemoryFault(address, max(size, 1))  # outside the text: as WindowMemory says
+        first = (address - self._base) // _TEXT_PIECE
+        last = (address + size - 1 - self._base) // _TEXT_PIECE
+        pieces = b"".join(self._piece(index) for index in range(first, last + 1))
+        offset = address - self._base - first * _TEXT_PIECE
+        data = pieces[offset : offset + size]
+        if len(data) != size:  # a piece that did not read
+            raise MemoryFault(address, size)
+        return data
 
     def read_u64(self, address: int) -> int:
-        if address - self._base >= 0 and address + 8 <= self._end:
-            return self._read().read_u64(address)
-        raise MemoryFault(address, 8)
+        value: int = _U64.unpack(self.read(address, 8))[0]
+        return value
+
+    def _piece(self, index: int) -> bytes:
+        piece = self._pieces.get(index)
+        if piece is None:
+            start = self._base + index * _TEXT_PIECE
+            try:
+                piece = self._image.read_linked(start, min(_TEXT_PIECE, self._end - start))
+            except (MemoryFault, BadGuestKernel):
+                piece = b""
+            self._pieces[index] = piece
+        return piece
+
+
+_TEXT_PIECE = 1 << 16
+_U64 = struct.Struct("<Q")
 
 
 def _span(table: _Table, first: str, last: str) -> tuple[int, int] | None:
