@@ -113,8 +113,15 @@ def paused(guest: LinuxGuest) -> Iterator[None]:
         qmp_call(guest.qmp, "cont")
 
 
+#: A guard against a hang, not a time limit: debuginfod unpacks the 600 MB vmlinux from
+#: its .deb (xz) when first asked, and sends it while qmpprof reads it on the same 2
+#: cores (make test, 2026-11-27: more than the 120 s other commands get).
+FETCH_TIMEOUT_S = 900
+
+
 def dump(guest: LinuxGuest, *extra: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return run_cached("dump", "--json", "--qmp-socket", guest.qmp, *extra, env=env)
+    command = ("dump", "--json", "--qmp-socket", guest.qmp, *extra)
+    return run_cached(*command, env=env, timeout=FETCH_TIMEOUT_S)
 
 
 def test_the_fetched_vmlinux_gives_what_kernel_gives(
