@@ -17,6 +17,9 @@ from qmpprof.errors import MemoryFault
 from qmpprof.memory import MemoryReader
 
 _LONGEST_CALL = 8
+#: `call rel32`: its opcode, and its length.
+DIRECT_CALL = 0xE8
+DIRECT_CALL_BYTES = 5
 
 
 def follows_call(code: MemoryReader, return_address: int) -> bool | None:
@@ -25,9 +28,18 @@ def follows_call(code: MemoryReader, return_address: int) -> bool | None:
         before = code.read(return_address - _LONGEST_CALL, _LONGEST_CALL)
     except MemoryFault:
         return None
-    if before[-5] == 0xE8:
+    if before[-DIRECT_CALL_BYTES] == DIRECT_CALL:
         return True
     return any(_indirect_call_ends_here(before[-length:]) for length in range(2, 8))
+
+
+def direct_call_target(instruction: bytes, return_address: int, word: int = 8) -> int | None:
+    """Where the `call rel32` that is `instruction` (its bytes, ending at `return_address`)
+    goes, modulo 2**(8 * word); None for any other instruction."""
+    if len(instruction) != DIRECT_CALL_BYTES or instruction[0] != DIRECT_CALL:
+        return None
+    displacement = int.from_bytes(instruction[1:], "little", signed=True)
+    return (return_address + displacement) % (1 << (8 * word))
 
 
 def _indirect_call_ends_here(instruction: bytes) -> bool:

@@ -46,6 +46,7 @@ from qmpprof.memory import MemoryReader
 from qmpprof.symbols.elf import SymbolTable
 from qmpprof.symbols.elf_file import ELF_PARSE_ERRORS
 from qmpprof.unwind import rules as r
+from qmpprof.unwind.callsite import DIRECT_CALL, DIRECT_CALL_BYTES, direct_call_target
 from qmpprof.unwind.dwarf_expr import Op
 
 ENTRY_SIZE = 6
@@ -217,43 +218,40 @@ class OrcTable:
 #: How far from `error_entry` its callers lie: the entry stubs share `.entry.text` with
 #: it (8 KiB on Debian's 6.12), and a kernel that calls it from elsewhere keeps its rows.
 _ENTRY_TEXT_REACH = 1 << 15
-#: `call rel32`, and the `mov %rax, %rsp` that follows each call to `error_entry`.
-_CALL = 0xE8
+#: The `mov %rax, %rsp` that follows each call to `error_entry`.
 _MOVE_TO_RETURNED_STACK = b"\x48\x89\xc4"
 
 
 def mend_error_entry_returns(
     orc: OrcTable, symbols: SymbolTable, code: MemoryReader, extent: tuple[int, int]
-) -> int:
+) -> None:
     """Correct the table where each entry stub's `call error_entry` returns (see the
     module's docstring): the return address, as the caller frame's pc looks it up (one
     byte back) and as a vCPU's own pc, gets the row of the instruction after the `mov`,
     a pt_regs frame at RSP. Only where the code is that call and that `mov`, and the row
     after it that frame: another kernel (5.10 switches stacks inside `error_entry`) is
-    left as its table says. `code`: the kernel's code bytes in `extent`. How many stubs
-    were mended."""
+    left as its table says. `code`: the kernel's code bytes in `extent`."""
     error_entry = symbols.find("error_entry")
     if error_entry is None:
-        return 0
+        return
     start = max(error_entry.address - _ENTRY_TEXT_REACH, extent[0])
     end = min(error_entry.address + _ENTRY_TEXT_REACH, extent[1])
     try:
         text = code.read(start, max(end - start, 0))
     except MemoryFault:
-        return 0
-    mended = 0
-    at = text.find(_CALL)
-    while 0 <= at <= len(text) - 8:  # one turn per call opcode in 64 KiB
-        returns_to = start + at + 5
-        target = returns_to + int.from_bytes(text[at + 1 : at + 5], "little", signed=True)
-        if target == error_entry.address and text[at + 5 : at + 8] == _MOVE_TO_RETURNED_STACK:
+        return
+    at = text.find(DIRECT_CALL)
+    while at >= 0:  # one turn per call opcode in 64 KiB
+        after = at + DIRECT_CALL_BYTES
+        returns_to = start + after
+        called = direct_call_target(text[at:after], returns_to)
+        moves = text[after : after + len(_MOVE_TO_RETURNED_STACK)] == _MOVE_TO_RETURNED_STACK
+        if called == error_entry.address and moves:
             row = orc.row_for(returns_to + len(_MOVE_TO_RETURNED_STACK))
             if row is not None and row.signal_frame and row.cfa == _REGS_AT_RSP:
                 orc.mend(returns_to - 1, row)
                 orc.mend(returns_to, row)
-                mended += 1
-        at = text.find(_CALL, at + 1)
-    return mended
+        at = text.find(DIRECT_CALL, at + 1)
 
 
 #: Where the stub's row after the `mov` puts the caller's stack: pt_regs at RSP.

@@ -28,7 +28,7 @@ from qmpprof.model import (
     StopReason,
     UnwoundStack,
 )
-from qmpprof.unwind.callsite import follows_call
+from qmpprof.unwind.callsite import DIRECT_CALL_BYTES, direct_call_target, follows_call
 from qmpprof.unwind.framepointer import frame_pointer_step, leaf_return_slot
 from qmpprof.unwind.rules import (
     DWARF_REGISTER_NAMES,
@@ -212,24 +212,15 @@ def _direct_call_from_entry(
 ) -> bool:
     """Whether `return_address` follows a direct call (`e8 rel32`) that is the first
     instruction of a function, to `target` if given."""
-    call = return_address - _DIRECT_CALL_BYTES
+    call = return_address - DIRECT_CALL_BYTES
     if not cfi.starts_function(call):
         return False
     try:
-        instruction = code.read(call, _DIRECT_CALL_BYTES)
+        instruction = code.read(call, DIRECT_CALL_BYTES)
     except MemoryFault:
         return False
-    if instruction[0] != _DIRECT_CALL:
-        return False
-    if target is None:
-        return True
-    displacement = int.from_bytes(instruction[1:], "little", signed=True)
-    return (return_address + displacement) % (1 << (8 * word)) == target
-
-
-#: `call rel32`: its opcode, and its length.
-_DIRECT_CALL = 0xE8
-_DIRECT_CALL_BYTES = 5
+    called = direct_call_target(instruction, return_address, word)
+    return called is not None and (target is None or called == target)
 
 
 def _at_system_call_edge(regs: list[int | None]) -> bool:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import bisect
 import functools
 import hashlib
-import struct
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -331,8 +330,7 @@ class _LazyText:
         return data
 
     def read_u64(self, address: int) -> int:
-        value: int = _U64.unpack(self.read(address, 8))[0]
-        return value
+        return int.from_bytes(self.read(address, 8), "little")
 
     def _piece(self, index: int) -> bytes:
         piece = self._pieces.get(index)
@@ -347,7 +345,6 @@ class _LazyText:
 
 
 _TEXT_PIECE = 1 << 16
-_U64 = struct.Struct("<Q")
 
 
 def _span(table: _Table, first: str, last: str) -> tuple[int, int] | None:
