@@ -21,7 +21,8 @@ from qmpprof.symbols.elf_file import open_elf
 from qmpprof.symbols.image import code_sections
 from qmpprof.symbols.plt import plt_symbols
 from qmpprof.unwind.cfi import CfiTable, elf_word, load_cfi
-from qmpprof.unwind.orc import OrcTable, mend_error_entry_returns, read_orc
+from qmpprof.unwind.orc import OrcTable, read_orc
+from qmpprof.unwind.orc_mends import mend_error_entry_returns
 
 
 @dataclass(frozen=True)

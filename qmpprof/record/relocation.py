@@ -17,13 +17,15 @@ from qmpprof.guest.linux.kaslr import (
     mismatch_banner,
     mismatch_no_slide,
 )
-from qmpprof.model import RegisterSet
+from qmpprof.memory import WindowMemory
+from qmpprof.model import MemoryWindow, RegisterSet
 from qmpprof.modules import Module
 from qmpprof.record.capture import REGISTERS
 from qmpprof.target.memory import MemoryBackend
 from qmpprof.target.pause import paused
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.registers import parse_all
+from qmpprof.unwind.orc_mends import filler_spans, mend_return_buffer_fills
 
 #: `info registers` gives each vCPU's IDT as "IDT=     <base> <limit>".
 _IDT = re.compile(r"^IDT=\s*([0-9a-f]{1,16}) ", re.MULTILINE)
@@ -109,9 +111,25 @@ async def _placement(
         if slide is None:
             raise KernelMismatch(mismatch_no_slide(str(kernel.path), handler, kernel.symbols))
         if await _check_banner(memory, regs, kernel, adapter.banner, slide):
+            await _mend_from_running_code(memory, regs.vcpu, kernel, slide)
             return KernelPlacement(slide, regs.vcpu)
         unmapped = True
     return _UNMAPPED if unmapped else None
+
+
+async def _mend_from_running_code(
+    memory: MemoryBackend, vcpu: int, kernel: Module, slide: int
+) -> None:
+    """Mend the kernel's ORC where the code it runs is not the file's (unwind/orc_mends.py:
+    the return stack buffer fills the kernel patched in at boot), reading that code from
+    the guest through `vcpu`, which maps the kernel."""
+    if kernel.orc is None:
+        return
+    windows = []
+    for address, size in filler_spans(kernel.symbols):
+        running = (address + slide) % (1 << 8 * kernel.word)
+        windows.append(MemoryWindow(address, await memory.read_window(vcpu, running, size)))
+    mend_return_buffer_fills(kernel.orc, kernel.symbols, WindowMemory(windows))
 
 
 async def _check_banner(

@@ -21,15 +21,7 @@ Two layouts of the 16-bit field that follows the two offsets:
 - from 6.4 (`.orc_header` present): sp_reg:4 bp_reg:4 type:3 signal:1, with types
   undefined 0, end_of_stack 1, call 2, regs 3, regs_partial 4.
 
-One place the table is wrong (`mend_error_entry_returns`): since 5.19 each interrupt and
-exception stub calls `error_entry`, which pushes the interrupted registers (pt_regs)
-and, coming from user mode, copies them to the task's stack (`sync_regs`, a tail call),
-then returns with them still pushed; the stub then moves to the stack it returned (`mov
-%rax, %rsp`). objtool takes that call for one that leaves the stack as it found it, so
-its entry for the return address (and the `mov`) puts the interrupt frame 8 bytes above
-RSP: a vCPU stopped in `sync_regs` was unwound through the wrong words, a user stack
-address for its pc. There pt_regs lie at RSP, as the entry after the `mov` says of the
-stack it moved to.
+Where the table is wrong, unwind/orc_mends.py mends it from the kernel's code.
 """
 
 from __future__ import annotations
@@ -41,12 +33,8 @@ from enum import Enum
 
 from elftools.elf.elffile import ELFFile
 
-from qmpprof.errors import MemoryFault
-from qmpprof.memory import MemoryReader
-from qmpprof.symbols.elf import SymbolTable
 from qmpprof.symbols.elf_file import ELF_PARSE_ERRORS
 from qmpprof.unwind import rules as r
-from qmpprof.unwind.callsite import DIRECT_CALL, DIRECT_CALL_BYTES, direct_call_target
 from qmpprof.unwind.dwarf_expr import Op
 
 ENTRY_SIZE = 6
@@ -183,7 +171,7 @@ class OrcTable:
         self.layout = layout
         self._end = end
         self._rows: dict[int, r.UnwindRow | None] = {}
-        #: Rows that replace the table's at single addresses (mend_error_entry_returns).
+        #: Rows that replace the table's at single addresses (unwind/orc_mends.py).
         self._mended: dict[int, r.UnwindRow] = {}
 
     def __len__(self) -> int:
@@ -213,49 +201,6 @@ class OrcTable:
     def mend(self, address: int, row: r.UnwindRow) -> None:
         """Describe `address` by `row`, whatever the table says there."""
         self._mended[address] = row
-
-
-#: How far from `error_entry` its callers lie: the entry stubs share `.entry.text` with
-#: it (8 KiB on Debian's 6.12), and a kernel that calls it from elsewhere keeps its rows.
-_ENTRY_TEXT_REACH = 1 << 15
-#: The `mov %rax, %rsp` that follows each call to `error_entry`.
-_MOVE_TO_RETURNED_STACK = b"\x48\x89\xc4"
-
-
-def mend_error_entry_returns(
-    orc: OrcTable, symbols: SymbolTable, code: MemoryReader, extent: tuple[int, int]
-) -> None:
-    """Correct the table where each entry stub's `call error_entry` returns (see the
-    module's docstring): the return address, as the caller frame's pc looks it up (one
-    byte back) and as a vCPU's own pc, gets the row of the instruction after the `mov`,
-    a pt_regs frame at RSP. Only where the code is that call and that `mov`, and the row
-    after it that frame: another kernel (5.10 switches stacks inside `error_entry`) is
-    left as its table says. `code`: the kernel's code bytes in `extent`."""
-    error_entry = symbols.find("error_entry")
-    if error_entry is None:
-        return
-    start = max(error_entry.address - _ENTRY_TEXT_REACH, extent[0])
-    end = min(error_entry.address + _ENTRY_TEXT_REACH, extent[1])
-    try:
-        text = code.read(start, max(end - start, 0))
-    except MemoryFault:
-        return
-    at = text.find(DIRECT_CALL)
-    while at >= 0:  # one turn per call opcode in 64 KiB
-        after = at + DIRECT_CALL_BYTES
-        returns_to = start + after
-        called = direct_call_target(text[at:after], returns_to)
-        moves = text[after : after + len(_MOVE_TO_RETURNED_STACK)] == _MOVE_TO_RETURNED_STACK
-        if called == error_entry.address and moves:
-            row = orc.row_for(returns_to + len(_MOVE_TO_RETURNED_STACK))
-            if row is not None and row.signal_frame and row.cfa == _REGS_AT_RSP:
-                orc.mend(returns_to - 1, row)
-                orc.mend(returns_to, row)
-        at = text.find(DIRECT_CALL, at + 1)
-
-
-#: Where the stub's row after the `mov` puts the caller's stack: pt_regs at RSP.
-_REGS_AT_RSP = r.CfaRule(r.RSP, 0)
 
 
 def read_orc(elf: ELFFile, end: int) -> OrcTable | None:

@@ -167,6 +167,15 @@ class GdbMi:
             if int(number) < len(names) and names[int(number)]
         }
 
+    def read_memory(self, address: int, size: int) -> bytes:
+        """`size` bytes of guest memory at `address`, as the current thread's vCPU sees it."""
+        output = self.command(f"-data-read-memory-bytes {address:#x} {size}")
+        done = next(line for line in output if line.startswith("^done"))
+        found = re.search(r'contents="([0-9a-f]*)"', done)
+        data = bytes.fromhex(found.group(1)) if found else b""
+        assert len(data) == size, f"GDB read {len(data)} of {size} bytes at {address:#x}"
+        return data
+
     def set_register(self, thread: int, name: str, value: int) -> None:
         self.command(f"-data-evaluate-expression --thread {thread} ${name}={value:#x}")
 

@@ -116,6 +116,14 @@ IDLE, KTHREAD, USER_TASK_KERNEL, USER_TASK_WHOLE, USER = (
     "user",
 )
 THRESHOLDS = {IDLE: 0.98, KTHREAD: 0.98, USER_TASK_KERNEL: 0.98, USER_TASK_WHOLE: 0.90, USER: 0.98}
+#: A stop in __switch_to_asm's return stack buffer fill (test_a_stop_in_the_return_stack_
+#: buffer_fill_agrees_with_gdb), kernel frames only: the user frames below are the next
+#: task's, named after the task switched out (switching_address_space).
+SWITCHED = "switching to the next task's stack"
+THRESHOLDS[SWITCHED] = 1.0
+#: struct inactive_task_frame (arch/x86/include/asm/switch_to.h), from its lowest word:
+#: GDB's name of each register it saves.
+TASK_FRAME = ("r15", "r14", "r13", "r12", "rbx", "rbp", "return")
 
 
 @dataclass(frozen=True)
@@ -316,16 +324,45 @@ class LinuxOracle:
         regs = f"((struct pt_regs *){pointer})->"
         if self.number(f"{regs}cs", thread) & 3 != 3:
             return []  # not (yet) user registers: a task that never left the kernel
+        values = {r: self.number(f"{regs}{member}", thread) for r, member in USER_REGISTERS.items()}
+        with self.registers_set(thread, values):
+            return self.user_frames(thread, task.comm)
+
+    @contextmanager
+    def registers_set(self, thread: int, values: dict[str, int]) -> Iterator[None]:
+        """GDB's registers of `thread` set to `values` for the block (a backtrace from
+        them), each put back as it was afterwards, and checked."""
         saved = self.gdb.registers(thread)
         try:
-            for register, member in USER_REGISTERS.items():
-                self.gdb.set_register(thread, register, self.number(f"{regs}{member}", thread))
-            return self.user_frames(thread, task.comm)
+            for register, value in values.items():
+                self.gdb.set_register(thread, register, value)
+            yield
         finally:
-            for register in USER_REGISTERS:
+            for register in values:
                 self.gdb.set_register(thread, register, int(saved[register], 16))
             self.gdb.console("maintenance flush register-cache")
             assert self.gdb.registers(thread) == saved, "the vCPU's registers were not restored"
+
+    def observe_switch(self, thread: int, fill: range, pushed: int) -> Observed:
+        """A vCPU stopped in __switch_to_asm's return stack buffer fill (`fill`: its code)
+        after its slots pushed `pushed` bytes, on the next task's stack: its kernel
+        frames are __switch_to_asm's and GDB's backtrace from the struct
+        inactive_task_frame above them (r15, r14, r13, r12, rbx, rbp, return address),
+        which the next task pushed when it was switched out."""
+        leaf = self.number("$pc", thread)
+        rsp = self.number("$rsp", thread)
+        slots = [self.word(rsp + 8 * n) for n in range(pushed // 8)]
+        assert all(address in fill for address in slots), f"not the fill's slots: {slots}"
+        frame = {name: self.word(rsp + pushed + 8 * n) for n, name in enumerate(TASK_FRAME)}
+        frame |= {"rip": frame.pop("return"), "rsp": rsp + pushed + 8 * len(TASK_FRAME)}
+        with self.registers_set(thread, frame):
+            above = self.frames(thread)
+        frames = [GdbFrame(0, leaf, "__switch_to_asm"), *above]
+        kernel, complete = trusted_kernel_frames(frames)
+        return Observed(SWITCHED, kernel, complete, [], self.task(thread).comm)
+
+    def word(self, address: int) -> int:
+        return int.from_bytes(self.gdb.read_memory(address, 8), "little")
 
 
 def trusted_kernel_frames(frames: list[GdbFrame]) -> tuple[list[GdbFrame], bool]:
@@ -414,10 +451,12 @@ def without_module_inlines(frames: list[GdbFrame], start: int = MODULES_START) -
     ]
 
 
-#: Assembly without CFI where GDB's backtrace is a guess and qmpprof's table may not
-#: describe the code that runs: __switch_to_asm fills the return stack buffer with
-#: calls the kernel patched in at boot (seen: GDB listing data words as frames, qmpprof
-#: taking a stack address for the caller's pc). Such a vCPU sample has no oracle.
+#: Assembly without CFI where GDB's backtrace is a guess (seen: data words listed as
+#: frames in __switch_to_asm): a vCPU sample that stopped there at random has no oracle.
+#: Where __switch_to_asm fills the return stack buffer, with calls the kernel patched in
+#: at boot that 6.1's ORC does not describe (qmpprof took a saved register for the
+#: caller's pc before unwind/orc_mends.py), test_a_stop_in_the_return_stack_buffer_fill_
+#: agrees_with_gdb stops it on purpose and builds the oracle from the frame it switches to.
 NO_ORACLE = frozenset({"__switch_to_asm"})
 
 
@@ -488,7 +527,7 @@ class Agreement:
     unjudged: int = 0
 
     def add(self, seen: Observed, frames: Frames) -> None:
-        if seen.kernel and seen.kernel[0].function in NO_ORACLE:
+        if seen.kernel and seen.kernel[0].function in NO_ORACLE and seen.kind != SWITCHED:
             self.unjudged += 1
             return
         comm = seen.comm
@@ -509,6 +548,9 @@ class Agreement:
             self.classes[USER].add(agree(observed.user, ours), observed, observed.user, ours)
             return
         kernel = kernel_part_agrees(observed, ours_kernel)
+        if observed.kind == SWITCHED:
+            self.classes[SWITCHED].add(kernel, observed, observed.kernel, ours)
+            return
         if observed.kind != USER_TASK_KERNEL:
             # Mid context switch RSP is already on the next task's stack while `current`
             # still names the idle task or kernel thread switched out: the next task's
@@ -530,6 +572,8 @@ class Agreement:
         if self.unjudged:
             lines.append(f"  no oracle (a leaf in {', '.join(sorted(NO_ORACLE))}): {self.unjudged}")
         for kind, tally in self.classes.items():
+            if kind == SWITCHED and not tally.samples:
+                continue  # only its own test stops there
             lines.append(
                 f"  {kind:<38} {tally.agreed:>4}/{tally.samples:<4} {tally.agreement:6.1%}"
                 f"  (needs {THRESHOLDS[kind]:.0%})"
@@ -723,6 +767,26 @@ def from_memory(result: Agreement) -> Agreement:
     return result.memory
 
 
+def stop_at(gdb: GdbMi, pc: int) -> tuple[int, str]:
+    """Run the VM until a vCPU reaches `pc` (a hardware breakpoint, then deleted): that
+    vCPU's GDB thread, and GDB's record of the stop."""
+    gdb.command(f"-break-insert -h *{pc:#x}")
+    gdb.resume()
+    stopped = gdb.wait_for("*stopped")[-1]
+    gdb.command("-break-delete")
+    thread = int(re.search(r'thread-id="(\d+)"', stopped).group(1))  # type: ignore[union-attr]
+    return thread, stopped
+
+
+def judge(
+    result: Agreement, guest: LinuxGuest, oracle: LinuxOracle, thread: int, observed: Observed
+) -> None:
+    """Tally qmpprof's frames of the vCPU GDB calls `thread`, given the vmlinux (in
+    `result`) and given none (in its `memory`), against what GDB `observed`."""
+    result.add(observed, qmpprof_frames(guest, oracle.module_dir)[thread - 1])
+    from_memory(result).add(observed, qmpprof_frames(guest, oracle.module_dir, True)[thread - 1])
+
+
 #: Stops at sync_regs's first instruction.
 SYNC_REGS_STOPS = 3
 
@@ -743,20 +807,54 @@ def test_a_stop_in_sync_regs_agrees_with_gdb(
     result, memory = agreements(guest, SYNC_REGS_STOPS, ", stopped in sync_regs")
     gdb = oracle.gdb
     for _ in range(SYNC_REGS_STOPS):
-        gdb.command(f"-break-insert -h *{site:#x}")
-        gdb.resume()
-        stopped = gdb.wait_for("*stopped")[-1]
-        gdb.command("-break-delete")
-        thread = int(re.search(r'thread-id="(\d+)"', stopped).group(1))  # type: ignore[union-attr]
+        thread, stopped = stop_at(gdb, site)
         observed = oracle.observe(thread, pushed_at=oracle.number("$rdi", thread))
         assert observed.kind == USER_TASK_KERNEL and observed.kernel[0].address == site, stopped
-        result.add(observed, qmpprof_frames(guest, oracle.module_dir)[thread - 1])
-        memory.add(observed, qmpprof_frames(guest, oracle.module_dir, True)[thread - 1])
+        judge(result, guest, oracle, thread, observed)
     print(result.table())
     print(memory.table())
     for tally in (result, memory):
         whole = tally.classes[USER_TASK_WHOLE]
         assert whole.agreed == whole.samples == SYNC_REGS_STOPS, tally.table()
+
+
+#: One slot of a return stack buffer fill (a call past an int3), and the `add` that
+#: drops two.
+FILL_SLOT = b"\xe8\x01\x00\x00\x00\xcc"
+DROP_TWO_SLOTS = b"\x48\x83\xc4\x10"
+
+
+def test_a_stop_in_the_return_stack_buffer_fill_agrees_with_gdb(
+    linux_under_gdb: tuple[LinuxGuest, LinuxOracle],
+) -> None:
+    """A vCPU stopped (GDB breakpoints) in the loop the kernel patched into
+    __switch_to_asm at boot, which fills the return stack buffer with calls: at its
+    first slot, its second and the `add` that drops them (0, 8 and 16 bytes pushed).
+    ORC's entries there describe another alternative of the site: on 6.1 all three
+    were unwound 8 or 16 bytes off (a saved register taken for the caller's pc) until
+    unwind/orc_mends.py mended them from the code as it runs. qmpprof, with the vmlinux
+    and with none, must agree with GDB on the next task's kernel frames at every stop."""
+    guest, oracle = linux_under_gdb
+    gdb = oracle.gdb
+    (switch,) = nm_symbols(guest.kernel)["__switch_to_asm"]
+    switch += kernel_slide(guest)
+    code = gdb.read_memory(switch, 128)  # as the kernel patched it
+    first = code.find(FILL_SLOT)
+    assert first >= 0, f"no return stack buffer fill in __switch_to_asm: {code.hex()}"
+    assert code[first + 6 : first + 16] == FILL_SLOT + DROP_TWO_SLOTS, code.hex()
+    fill = range(switch + first, switch + first + 16)
+    stops = {fill.start: 0, fill.start + 6: 8, fill.start + 12: 16}
+    result, memory = agreements(guest, len(stops), ", stopped in the return stack buffer fill")
+    for pc, pushed in stops.items():
+        thread, stopped = stop_at(gdb, pc)
+        observed = oracle.observe_switch(thread, fill, pushed)
+        assert observed.kernel[0].address == pc, stopped
+        judge(result, guest, oracle, thread, observed)
+    print(result.table())
+    print(memory.table())
+    for tally in (result, memory):
+        switched = tally.classes[SWITCHED]
+        assert switched.agreed == switched.samples == len(stops), tally.table()
 
 
 def test_user_samples_agree_with_gdb_without_a_kernel_file(agreement: Agreement) -> None:

@@ -55,7 +55,8 @@ from qmpprof.symbols.elf import (
     unpack,
 )
 from qmpprof.unwind.cfi import CfiTable
-from qmpprof.unwind.orc import ENTRY_SIZE, Layout, OrcTable, mend_error_entry_returns
+from qmpprof.unwind.orc import ENTRY_SIZE, Layout, OrcTable
+from qmpprof.unwind.orc_mends import mend_error_entry_returns, mend_return_buffer_fills
 from qmpprof.visible import visible
 
 #: The name a kernel read from memory goes by (frames, summaries, captures).
@@ -136,6 +137,7 @@ def read_guest_kernel(info: VmcoreInfo, read: PhysicalRead) -> GuestKernel:
     code, text = table.code, _text(image, table, lazily=orc is not None)
     if orc is not None:
         mend_error_entry_returns(orc, code, text, table.extent)
+        mend_return_buffer_fills(orc, code, text)
     module = Module(NAME, PATH, code, CfiTable([]), text, None, info.build_id, table.extent, orc)
     # Layouts are cached under what they come from: these kallsyms and this BTF.
     digest = hashlib.sha256(key.build_id + hashlib.sha256(btf or b"").digest()).digest()
@@ -307,8 +309,9 @@ class _LazyText:
 
     With ORC, only a frame-pointer step or a call check of a kernel frame reads it (the
     return-site check of a frame with ORC does not: address_space.ReturnSites), while the
-    sample is unwound, and the mend of ORC's entry-stub rows reads the 64 KiB around
-    `error_entry` (unwind/orc.py): it is 15 MB of guest memory, and read whole it took a
+    sample is unwound, and the mends of ORC's rows read the 64 KiB around `error_entry`
+    and the start of each return stack buffer filler (unwind/orc_mends.py): it is 15 MB
+    of guest memory, and read whole it took a
     tenth of a warm `qmpprof dump`. Without ORC it is read at once, as symbolize's
     return-site checks may read it once the guest's memory is closed."""
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,31 +36,53 @@ FUNCTIONS = (
 SAMPLED = 400
 
 
+@dataclass(frozen=True)
+class KernelOrc:
+    """A vmlinux's ORC sections and function symbols, as its file has them."""
+
+    base: int  # .orc_unwind_ip's address
+    relative: list[int]  # each entry's offset from its own place in .orc_unwind_ip
+    entries: bytes  # .orc_unwind
+    header: bool  # .orc_header present: 6.4's layout
+    functions: dict[str, tuple[int, int]]  # name: (address, size)
+
+    @classmethod
+    def read(cls, vmlinux: Path) -> KernelOrc:
+        with vmlinux.open("rb") as stream:
+            elf = ELFFile(stream)
+            ip_section = _section(elf, ".orc_unwind_ip")
+            offsets, base = ip_section.data(), ip_section["sh_addr"]
+            entries = _section(elf, ".orc_unwind").data()
+            symtab: Any = _section(elf, ".symtab")
+            functions = {s.name: (s["st_value"], s["st_size"]) for s in symtab.iter_symbols()}
+            header = elf.get_section_by_name(".orc_header") is not None
+        relative = [
+            int.from_bytes(offsets[at : at + 4], "little", signed=True)
+            for at in range(0, len(offsets) - 3, 4)
+        ]
+        return cls(base, relative, entries, header, functions)
+
+    @property
+    def ips(self) -> list[int]:
+        return [self.base + 4 * i + value for i, value in enumerate(self.relative)]
+
+    def entry(self, index: int) -> str:
+        return self.entries[6 * index : 6 * index + 6].hex()
+
+
 def main(vmlinux: Path, dump: Path, out: Path) -> None:
     lines = dump.read_text().splitlines()
-    with vmlinux.open("rb") as stream:
-        elf = ELFFile(stream)
-        ip_section = _section(elf, ".orc_unwind_ip")
-        offsets, base = ip_section.data(), ip_section["sh_addr"]
-        entries = _section(elf, ".orc_unwind").data()
-        symtab: Any = _section(elf, ".symtab")
-        symbols = {s.name: s for s in symtab.iter_symbols()}
-        header = elf.get_section_by_name(".orc_header") is not None
-    count = len(offsets) // 4
+    orc = KernelOrc.read(vmlinux)
+    count, ips = len(orc.relative), orc.ips
     assert count == len(lines), "objtool's dump is of another vmlinux"
-    relative = [
-        int.from_bytes(offsets[4 * i : 4 * i + 4], "little", signed=True) for i in range(count)
-    ]
-    ips = [base + 4 * i + value for i, value in enumerate(relative)]
     chosen: set[int] = set(random.Random(f"orc:{vmlinux.name}").sample(range(count), SAMPLED))
-    present = [name for name in FUNCTIONS if name in symbols]
+    present = [name for name in FUNCTIONS if name in orc.functions]
     for name in present:
-        start = symbols[name]["st_value"]
-        end = start + max(symbols[name]["st_size"], 1)
-        chosen |= {i for i, ip in enumerate(ips) if start <= ip < end}
-    rows = [[i, relative[i], entries[6 * i : 6 * i + 6].hex(), lines[i]] for i in sorted(chosen)]
-    functions = {name: symbols[name]["st_value"] for name in present}
-    data = {"orc_header": header, "ip_base": base, "functions": functions, "entries": rows}
+        start, size = orc.functions[name]
+        chosen |= {i for i, ip in enumerate(ips) if start <= ip < start + max(size, 1)}
+    rows = [[i, orc.relative[i], orc.entry(i), lines[i]] for i in sorted(chosen)]
+    functions = {name: orc.functions[name][0] for name in present}
+    data = {"orc_header": orc.header, "ip_base": orc.base, "functions": functions, "entries": rows}
     out.write_text(json.dumps(data, indent=0) + "\n")
 
 

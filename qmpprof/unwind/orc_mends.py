@@ -1,0 +1,159 @@
+"""Where a kernel's ORC table is wrong, mended from the kernel's code.
+
+objtool writes the table from the code as it is linked; two kinds of place run otherwise.
+
+The returns from `error_entry` (`mend_error_entry_returns`): since 5.19 each interrupt
+and exception stub calls `error_entry`, which pushes the interrupted registers
+(pt_regs) and, coming from user mode, copies them to the task's stack (`sync_regs`, a
+tail call), then returns with them still pushed; the stub then moves to the stack it
+returned (`mov %rax, %rsp`). objtool takes that call for one that leaves the stack as it
+found it, so its entry for the return address (and the `mov`) puts the interrupt frame
+8 bytes above RSP: a vCPU stopped in `sync_regs` was unwound through the wrong words, a
+user stack address for its pc. There pt_regs lie at RSP, as the entry after the `mov`
+says of the stack it moved to.
+
+The return stack buffer fills (`mend_return_buffer_fills`): on a context switch
+(`__switch_to_asm`, spectre v2) and on some entries (`entry_ibpb`) the kernel patches in
+at boot, over a `jmp` past padding, a loop of calls that each push a return address
+nobody returns to (`call 1f; int3; 1:`) and drop them two at a time. The table's
+entries there describe whichever of the site's alternatives objtool took at each
+offset: 6.1's describe the single-call alternative where the 16-round loop runs, so a
+vCPU stopped in the loop was unwound 8 or 16 bytes off, a saved register taken for the
+caller's pc. The loop is read from the code as it runs and each of its instructions
+given the row after it, as far off as the calls it has made so far push.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from qmpprof.errors import MemoryFault
+from qmpprof.memory import MemoryReader
+from qmpprof.symbols.elf import SymbolTable
+from qmpprof.unwind import rules as r
+from qmpprof.unwind.callsite import DIRECT_CALL, DIRECT_CALL_BYTES, direct_call_target
+from qmpprof.unwind.orc import OrcTable
+
+#: How far from `error_entry` its callers lie: the entry stubs share `.entry.text` with
+#: it (8 KiB on Debian's 6.12), and a kernel that calls it from elsewhere keeps its rows.
+_ENTRY_TEXT_REACH = 1 << 15
+#: The `mov %rax, %rsp` that follows each call to `error_entry`.
+_MOVE_TO_RETURNED_STACK = b"\x48\x89\xc4"
+#: Where the stub's row after the `mov` puts the caller's stack: pt_regs at RSP.
+_REGS_AT_RSP = r.CfaRule(r.RSP, 0)
+
+
+def mend_error_entry_returns(
+    orc: OrcTable, symbols: SymbolTable, code: MemoryReader, extent: tuple[int, int]
+) -> None:
+    """Correct the table where each entry stub's `call error_entry` returns (see the
+    module's docstring): the return address, as the caller frame's pc looks it up (one
+    byte back) and as a vCPU's own pc, gets the row of the instruction after the `mov`,
+    a pt_regs frame at RSP. Only where the code is that call and that `mov`, and the row
+    after it that frame: another kernel (5.10 switches stacks inside `error_entry`) is
+    left as its table says. `code`: the kernel's code bytes in `extent`."""
+    error_entry = symbols.find("error_entry")
+    if error_entry is None:
+        return
+    start = max(error_entry.address - _ENTRY_TEXT_REACH, extent[0])
+    end = min(error_entry.address + _ENTRY_TEXT_REACH, extent[1])
+    try:
+        text = code.read(start, max(end - start, 0))
+    except MemoryFault:
+        return
+    at = text.find(DIRECT_CALL)
+    while at >= 0:  # one turn per call opcode in 64 KiB
+        after = at + DIRECT_CALL_BYTES
+        returns_to = start + after
+        called = direct_call_target(text[at:after], returns_to)
+        moves = text[after : after + len(_MOVE_TO_RETURNED_STACK)] == _MOVE_TO_RETURNED_STACK
+        if called == error_entry.address and moves:
+            row = orc.row_for(returns_to + len(_MOVE_TO_RETURNED_STACK))
+            if row is not None and row.signal_frame and row.cfa == _REGS_AT_RSP:
+                orc.mend(returns_to - 1, row)
+                orc.mend(returns_to, row)
+        at = text.find(DIRECT_CALL, at + 1)
+
+
+#: The functions whose code the kernel may patch a return stack buffer fill into
+#: (FILL_RETURN_BUFFER, arch/x86/include/asm/nospec-branch.h).
+RETURN_BUFFER_FILLERS = ("__switch_to_asm", "entry_ibpb")
+#: How much of each such function's code holds its fill (it starts 0x2b bytes in on 6.12).
+FILLER_REACH = 256
+#: One slot of a fill: a call to 6 bytes on, past the int3 that stops speculation.
+_FILL_SLOT = b"\xe8\x01\x00\x00\x00\xcc"
+#: `add $imm8, %rsp`, which drops the slots' return addresses.
+_ADD_TO_RSP = b"\x48\x83\xc4"
+_LFENCE = b"\x0f\xae\xe8"
+_JNZ_SHORT = 0x75
+#: The most instructions from a fill's first slot to its `lfence`.
+FILL_INSTRUCTIONS = 12
+
+
+def filler_spans(symbols: SymbolTable) -> Iterator[tuple[int, int]]:
+    """(address, size) of the code of each function a fill may be patched into."""
+    for name in RETURN_BUFFER_FILLERS:
+        function = symbols.find(name)
+        if function is not None:
+            yield function.address, min(function.size or FILLER_REACH, FILLER_REACH)
+
+
+def mend_return_buffer_fills(orc: OrcTable, symbols: SymbolTable, code: MemoryReader) -> None:
+    """Correct the table where a return stack buffer fill runs (see the module's
+    docstring). `code`: the kernel's code as it runs (alternatives applied), at the
+    table's addresses; a function whose code holds no fill, or one that does not leave
+    the stack as it found it, keeps its rows."""
+    for address, size in filler_spans(symbols):
+        try:
+            text = code.read(address, size)
+        except MemoryFault:
+            continue
+        slot = text.find(_FILL_SLOT)
+        fill = _fill_depths(text, slot) if slot >= 0 else None
+        if fill is None:
+            continue
+        depths, end = fill
+        after = orc.row_for(address + end)
+        if after is None or after.cfa.register != r.RSP or after.cfa.expression is not None:
+            continue
+        for offset, depth in depths:
+            cfa = r.CfaRule(r.RSP, after.cfa.offset + depth)
+            orc.mend(address + offset, r.UnwindRow(cfa, after.rules, after.return_column))
+
+
+def _fill_depths(text: bytes, first: int) -> tuple[list[tuple[int, int]], int] | None:
+    """Each instruction of the fill whose first slot is at `first` in `text`, by offset,
+    with the bytes its slots have pushed when it runs; and the offset after its `lfence`.
+    None where the code is not such a loop back to `first`, ending as it began."""
+    depths: list[tuple[int, int]] = []
+    at, depth = first, 0
+    for _ in range(FILL_INSTRUCTIONS):
+        depths.append((at, depth))
+        step = _fill_instruction(text, at, first)
+        if step is None:
+            return None
+        length, pushed = step
+        at, depth = at + length, depth + pushed
+        if depth < 0:
+            return None
+        if text[at - len(_LFENCE) : at] == _LFENCE:
+            return (depths, at) if depth == 0 else None
+    return None
+
+
+def _fill_instruction(text: bytes, at: int, first: int) -> tuple[int, int] | None:
+    """(length, bytes pushed) of the fill's instruction at `at`: a slot, the `add` that
+    drops slots, the counter's `dec`, the `jnz` back to `first`, the `lfence`."""
+    if text[at : at + len(_FILL_SLOT)] == _FILL_SLOT:
+        return len(_FILL_SLOT), 8  # the call goes on past its int3
+    if text[at : at + 3] == _ADD_TO_RSP and at + 3 < len(text):
+        return 4, -int.from_bytes(text[at + 3 : at + 4], "little", signed=True)
+    if text[at : at + 1] in (b"\x48", b"\x49") and text[at + 1 : at + 2] == b"\xff":
+        modrm = text[at + 2] if at + 2 < len(text) else 0
+        return (3, 0) if modrm >> 3 == 0xC8 >> 3 else None  # dec %reg
+    if text[at : at + 1] == bytes([_JNZ_SHORT]) and at + 1 < len(text):
+        back = int.from_bytes(text[at + 1 : at + 2], "little", signed=True)
+        return (2, 0) if at + 2 + back == first else None
+    if text[at : at + len(_LFENCE)] == _LFENCE:
+        return len(_LFENCE), 0
+    return None
