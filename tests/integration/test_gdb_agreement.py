@@ -102,14 +102,17 @@ def pause_randomly(gdb: GdbMi, rng: random.Random) -> list[GdbFrame]:
 
 
 def run_pauses(
-    guest: Guest, gdb: GdbMi, pauses: int, unwinders: tuple[str, ...], name: str
+    guest: Guest, gdb: GdbMi, pauses: int, unwinders: dict[str, int], name: str
 ) -> dict[str, Tally]:
+    """qmpprof's stack against GDB's at `pauses` random pauses, per `--unwind` method;
+    `unwinders`: each method, with every how many pauses it is asked (1: at each)."""
     rng = seeded(name)
     tallies = {unwind: Tally() for unwind in unwinders}
-    for _ in range(pauses):
+    for pause in range(pauses):
         expected = pause_randomly(gdb, rng)
         for unwind, tally in tallies.items():
-            tally.add(expected, qmpprof_frames(guest, unwind))
+            if pause % unwinders[unwind] == 0:
+                tally.add(expected, qmpprof_frames(guest, unwind))
         assert guest.status() == "paused", "qmpprof resumed a VM that GDB holds"
     return tallies
 
@@ -118,7 +121,7 @@ def run_pauses(
 def test_fp_guest_agrees_with_gdb(gdb_guest: tuple[Guest, GdbMi]) -> None:
     guest, gdb = gdb_guest
     pauses = int(os.environ.get("QMPPROF_GDB_PAUSES", "100"))
-    tally = run_pauses(guest, gdb, pauses, ("auto",), "fp guest")["auto"]
+    tally = run_pauses(guest, gdb, pauses, {"auto": 1}, "fp guest")["auto"]
     print(tally.report("fp guest, --unwind auto"))
     assert tally.agreement >= REQUIRED_AGREEMENT
 
@@ -127,7 +130,9 @@ def test_fp_guest_agrees_with_gdb(gdb_guest: tuple[Guest, GdbMi]) -> None:
 def test_nofp_guest_agrees_with_gdb_through_cfi(gdb_guest: tuple[Guest, GdbMi]) -> None:
     guest, gdb = gdb_guest
     pauses = int(os.environ.get("QMPPROF_GDB_PAUSES", "140"))
-    tallies = run_pauses(guest, gdb, pauses, ("auto", "fp"), "nofp guest")
+    # Frame pointers alone, shown beside CFI, get a seventh of the pauses: nothing is
+    # asserted of them (they fail where the code keeps none), and each is a dump.
+    tallies = run_pauses(guest, gdb, pauses, {"auto": 1, "fp": 7}, "nofp guest")
     print(tallies["auto"].report("nofp guest, --unwind auto (CFI)"))
     print(tallies["fp"].report("nofp guest, --unwind fp (frame pointers alone)"))
     assert tallies["auto"].in_interrupt > 0, "no pause landed in the timer interrupt"

@@ -61,7 +61,7 @@ def test_i386_kernel_workload_agrees_with_gdb(variant: str, workdir: Path) -> No
     frame without ESP and SS), one vCPU."""
     boot = (*I386, "--paging", "pae", "--variant", variant)
     with guest_under_gdb(workdir, *boot) as (guest, gdb):
-        unwinders = ("auto", "fp") if variant == "fp" else ("auto",)
+        unwinders = {"auto": 1, "fp": 1} if variant == "fp" else {"auto": 1}
         tallies = run_pauses(guest, gdb, PAUSES, unwinders, f"i386 {variant} guest")
     for unwind, tally in tallies.items():
         print(tally.report(f"i386 {variant} guest, --unwind {unwind}"))
