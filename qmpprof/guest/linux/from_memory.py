@@ -311,9 +311,9 @@ class _LazyText:
     return-site check of a frame with ORC does not: address_space.ReturnSites), while the
     sample is unwound, and the mends of ORC's rows read the 64 KiB around `error_entry`
     and the start of each return stack buffer filler (unwind/orc_mends.py): it is 15 MB
-    of guest memory, and read whole it took a
-    tenth of a warm `qmpprof dump`. Without ORC it is read at once, as symbolize's
-    return-site checks may read it once the guest's memory is closed."""
+    of guest memory, and read whole it took a tenth of a warm `qmpprof dump`. Without
+    ORC it is read at once, as symbolize's return-site checks may read it once the
+    guest's memory is closed."""
 
     def __init__(self, image: KernelImage, span: tuple[int, int]) -> None:
         self._image = image
