@@ -98,7 +98,7 @@ PF_KTHREAD = 0x0020_0000
 ENTRY = re.compile(
     r"entry_SYSCALL_64\w*|asm_(?!load_gs_index$)\w+|ret_from_fork\w*|entry_INT80\w*|error_entry"
     r"|__irqentry_text_end|common_interrupt_return|swapgs_restore_regs_and_return_to_usermode"
-    r"|restore_regs_and_return_to_kernel"
+    r"|restore_regs_and_return_to_kernel|error_return"
 )
 #: GDB's registers that pt_regs holds, with pt_regs's name for each.
 USER_REGISTERS = {
@@ -392,6 +392,15 @@ def test_gdb_is_trusted_down_to_the_exit_path_as_to_an_entry() -> None:
         (0x33, None),
         (0x2B, "fixed_percpu_data"),
     ]
+    frames = [GdbFrame(level, address, name) for level, (address, name) in enumerate(seen)]
+    assert trusted_kernel_frames(frames) == (frames[:1], False)
+
+
+def test_gdb_is_trusted_down_to_error_return() -> None:
+    """A pause in 6.1's error_return, an exception's way back to user mode (make test,
+    2026-11-28): GDB listed the words of pt_regs as frames (0x1 named
+    fixed_percpu_data, 0x401650 unnamed), qmpprof went from its pt_regs row to mix."""
+    seen = [(0xFFFF_FFFF_81C0_1620, "error_return"), (0x1, "fixed_percpu_data"), (0x4, None)]
     frames = [GdbFrame(level, address, name) for level, (address, name) in enumerate(seen)]
     assert trusted_kernel_frames(frames) == (frames[:1], False)
 
