@@ -26,6 +26,7 @@ given the row after it, as far off as the calls it has made so far push.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 from qmpprof.errors import MemoryFault
 from qmpprof.memory import MemoryReader
@@ -118,7 +119,7 @@ def mend_return_buffer_fills(orc: OrcTable, symbols: SymbolTable, code: MemoryRe
             continue
         for offset, depth in depths:
             cfa = r.CfaRule(r.RSP, after.cfa.offset + depth)
-            orc.mend(address + offset, r.UnwindRow(cfa, after.rules, after.return_column))
+            orc.mend(address + offset, replace(after, cfa=cfa))
 
 
 def _fill_depths(text: bytes, first: int) -> tuple[list[tuple[int, int]], int] | None:
