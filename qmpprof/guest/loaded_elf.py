@@ -11,8 +11,10 @@ Two steps, as the loader laid the file out (each PT_LOAD at its p_vaddr + bias):
     step = LoadedHeadersRead(mapping)
     headers = step.advance(memory)       # raises MemoryFault: resumable (PageReader.run)
     for add in step.more(): headers = add(memory, headers)   # each: skipped if it faults
-    pieces = {span: SparseBytes over span for span in headers.spans()}   # holes allowed
     table = SparseBytes over headers.section_headers       # file offsets, if readable
+    names = SparseBytes over section_names_span(headers, table)            # if any
+    headers = with_section_eh_frame(headers, table, names)   # a static program's
+    pieces = {span: SparseBytes over span for span in headers.spans()}   # holes allowed
     symtab, strings = (SparseBytes over span for span in symtab_spans(table))  # if any
     image = loaded_image(headers, pieces, file_symbols(headers, symtab, strings))  # pure
 
@@ -65,6 +67,7 @@ _HDR_ENTRY = struct.Struct("<ii")
 #: A section header: name, type, flags, addr, offset, size, link, info, align, entsize.
 _SHDR = struct.Struct("<IIQQQQIIQQ")
 _SHT_SYMTAB, _SHT_STRTAB = 2, 3
+_SHF_ALLOC = 2
 #: File offsets past this are not a file's (a hostile header's, taken as none).
 _MAX_FILE_OFFSET = 1 << 40
 #: Unpacked program headers: type, flags, offset, vaddr, paddr, filesz, memsz, align.
@@ -107,6 +110,8 @@ class LoadedHeaders:
     strings: Span | None = None
     #: The section header table, at file offsets (no segment loads it).
     section_headers: Span | None = None
+    #: Which of its sections holds the section names (e_shstrndx).
+    section_names: int = 0
 
     def spans(self) -> tuple[Span, ...]:
         """The ranges the second step reads."""
@@ -197,7 +202,8 @@ class LoadedHeadersRead:
         build_id = self._build_id(memory, phdrs, bias)
         if self.mapping.build_id is not None and build_id != self.mapping.build_id:
             return None
-        return replace(self._headers(phdrs, bias, build_id), section_headers=_sections(fields))
+        headers = self._headers(phdrs, bias, build_id)
+        return replace(headers, section_headers=_sections(fields), section_names=fields[13])
 
     def _headers(self, phdrs: _Phdrs, bias: int, build_id: bytes | None) -> LoadedHeaders:
         self._loads = [p for p in phdrs if p[0] == PT_LOAD]
@@ -337,13 +343,57 @@ def _sections(header: tuple[int, ...]) -> Span | None:
     return Span(offset, count * _SHDR.size)
 
 
-def symtab_spans(table: SparseBytes) -> tuple[Span, Span] | None:
-    """Where the file holds its `.symtab` and that table's strings, from the section
-    header `table` (SparseBytes at file offsets); None without a readable one."""
-    headers = [
+def _section_headers(table: SparseBytes) -> list[tuple[int, ...] | None]:
+    """Each header of the section header `table` (SparseBytes at file offsets), None
+    where its bytes were not read."""
+    return [
         _SHDR.unpack_from(table.data, at) if table.readable(at, _SHDR.size) else None
         for at in range(0, len(table.data) - _SHDR.size + 1, _SHDR.size)
     ]
+
+
+def section_names_span(headers: LoadedHeaders, table: SparseBytes) -> Span | None:
+    """Where the file holds its section names (file offsets), from the section header
+    `table`; None when that header was not read or is not a string table."""
+    sections = _section_headers(table)
+    index = headers.section_names
+    names = sections[index] if 0 < index < len(sections) else None
+    if names is None or names[1] != _SHT_STRTAB:
+        return None
+    span = Span(names[4], min(names[5], MAX_STRINGS))
+    return span if 0 <= span.address < span.end <= _MAX_FILE_OFFSET else None
+
+
+def with_section_eh_frame(
+    headers: LoadedHeaders, table: SparseBytes, names: SparseBytes
+) -> LoadedHeaders:
+    """`headers` with the `.eh_frame` the section header `table` and section `names`
+    place in a loaded segment, for a file whose program headers do not say where it is:
+    a program linked `-static` has no PT_GNU_EH_FRAME (gcc passes the linker
+    --eh-frame-hdr for dynamic links only), and a process reads its FDEs through
+    symbols its startup code registers. Unchanged when it already has one, or when no
+    readable section of that name lies whole in the file bytes of a PT_LOAD."""
+    if headers.eh_frame is not None:
+        return headers
+    for header in _section_headers(table):
+        if header is None or not header[2] & _SHF_ALLOC or not header[5]:
+            continue
+        if _name(names, header[0]) != ".eh_frame":
+            continue
+        address, size = header[3], min(header[5], MAX_EH_FRAME)
+        if any(
+            s.address <= address and address + size <= s.address + s.file_size
+            for s in headers.loads
+        ):
+            return replace(headers, eh_frame=Span(address + headers.bias, size))
+        return headers
+    return headers
+
+
+def symtab_spans(table: SparseBytes) -> tuple[Span, Span] | None:
+    """Where the file holds its `.symtab` and that table's strings, from the section
+    header `table` (SparseBytes at file offsets); None without a readable one."""
+    headers = _section_headers(table)
     for header in headers:
         if header is None or header[1] != _SHT_SYMTAB or header[9] != _SYM.size:
             continue
@@ -503,11 +553,15 @@ def read_loaded_module(
     for add in step.more():
         with contextlib.suppress(MemoryFault):
             headers = add(memory, headers)
-    pieces = {span: read_sparse(memory, span) for span in headers.spans()}
     symbols: list[Symbol] = []
     if file is not None and headers.section_headers is not None:
-        spans = symtab_spans(read_sparse(file, headers.section_headers))
+        sections = read_sparse(file, headers.section_headers)
+        names = section_names_span(headers, sections)
+        if names is not None:
+            headers = with_section_eh_frame(headers, sections, read_sparse(file, names))
+        spans = symtab_spans(sections)
         if spans is not None:
             table, strings = (read_sparse(file, span) for span in spans)
             symbols = file_symbols(headers, table, strings)
+    pieces = {span: read_sparse(memory, span) for span in headers.spans()}
     return loaded_module(mapping, headers, loaded_image(headers, pieces, symbols))

@@ -49,7 +49,9 @@ from qmpprof.guest.loaded_elf import (
     loaded_image,
     loaded_module,
     page_numbers,
+    section_names_span,
     symtab_spans,
+    with_section_eh_frame,
 )
 from qmpprof.memory import MemoryReader
 from qmpprof.model import FileMapping, RegisterSet
@@ -284,8 +286,11 @@ class ProcessMaps:
         for add in step.more():
             added = await reader.run(_given(add, headers))
             headers = headers if added is UNREADABLE else added
+        sections = await _section_table(memory, headers)
+        if sections is not None:
+            headers = await _with_section_eh_frame(memory, headers, sections)
         pieces = {span: await _sparse(memory, vcpu, span) for span in headers.spans()}
-        symbols = await _file_symbols(memory, headers)
+        symbols = await _file_symbols(memory, headers, sections)
         image = loaded_image(headers, pieces, symbols)
         self.stats.image_bytes += reader.reads * PAGE_SIZE + image.bytes_read
         return loaded_module(mapping, headers, image)
@@ -313,13 +318,32 @@ async def _sparse(memory: MemoryBackend, vcpu: int, span: Span) -> SparseBytes:
     return SparseBytes(span, pages)
 
 
-async def _file_symbols(memory: MemoryBackend, headers: LoadedHeaders) -> list[Symbol]:
+async def _section_table(memory: MemoryBackend, headers: LoadedHeaders) -> SparseBytes | None:
+    """The file's section header table (in no mapping) as far as the page cache has it;
+    None when no page cache can be read or the file has none."""
+    if not isinstance(memory, FileBackedMemory) or headers.section_headers is None:
+        return None
+    return await _file_sparse(memory, headers.section_headers)
+
+
+async def _with_section_eh_frame(
+    memory: MemoryBackend, headers: LoadedHeaders, sections: SparseBytes
+) -> LoadedHeaders:
+    """`headers` with the `.eh_frame` its sections place (a static program's), if it
+    has none from its program headers."""
+    names = section_names_span(headers, sections)
+    if headers.eh_frame is not None or names is None or not isinstance(memory, FileBackedMemory):
+        return headers
+    return with_section_eh_frame(headers, sections, await _file_sparse(memory, names))
+
+
+async def _file_symbols(
+    memory: MemoryBackend, headers: LoadedHeaders, sections: SparseBytes | None
+) -> list[Symbol]:
     """The functions of the file's own symbol table (`.symtab`, in no mapping), where the
     page cache has the pages that hold it: none when no page cache can be read."""
-    if not isinstance(memory, FileBackedMemory) or headers.section_headers is None:
-        return []
-    spans = symtab_spans(await _file_sparse(memory, headers.section_headers))
-    if spans is None:
+    spans = None if sections is None else symtab_spans(sections)
+    if spans is None or not isinstance(memory, FileBackedMemory):
         return []
     table, strings = spans
     return file_symbols(

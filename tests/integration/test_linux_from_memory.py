@@ -13,8 +13,9 @@ a guest on a server that has it; its kernel's direct map, slab and stacks lie be
 - `qmpprof --qmp-socket S --duration N` with no kernel file says where the kernel came
   from and names kernel frames and processes;
 - with no file of the guest's on this host either, its programs' frames are named from
-  the symbol tables their files keep in the guest's page cache, as nm names them, and a
-  capture's `report` names every frame as the recording did;
+  the symbol tables their files keep in the guest's page cache, as nm names them, their
+  stacks unwind (static programs too) as their source calls, and a capture's `report`
+  names every frame as the recording did;
 - a VMCOREINFO or a kallsyms table corrupted in guest memory: one line, the recording
   goes on without kernel symbols, no frame named, no traceback.
 """
@@ -266,6 +267,39 @@ def test_programs_not_stripped_are_named_from_the_guest_alone(
                 assert frame["function"] in truth if truth else frame["function"] is None, frame
                 named += frame["function"] is not None
     assert named, "no frame of the workloads was seen"
+
+
+#: crunch.c's calls: main -> crunch_loop -> mix, none inlined (noinline), mix a leaf that
+#: sets up no frame even where frame pointers are kept (so they alone skip crunch_loop).
+CRUNCH_CALLS = ("mix", "crunch_loop", "main")
+#: Where glibc starts a thread: the program's entry, or a clone's child (2.36: __clone3).
+THREAD_STARTS = {"_start", "__clone3", "__clone", "clone"}
+
+
+def test_static_programs_unwind_to_where_each_thread_began_from_the_guest_alone(
+    linux: tuple[LinuxGuest, GuestRam],
+) -> None:
+    """No kernel, no sysroot: the workloads are linked -static, so they have no
+    .eh_frame_hdr (no PT_GNU_EH_FRAME); their .eh_frame is found through the section
+    headers in the guest's page cache. Each user-mode sample of one unwinds to where its
+    thread began, ended by the CFI's own end of stack, and crunch's and crunchnofp's
+    stacks are the calls their source makes."""
+    guest, _ = linux
+    seen = 0
+    for _ in range(4):
+        done = run_cached("dump", "--json", "--qmp-socket", guest.qmp)
+        assert done.returncode == 0, done.stderr
+        for vcpu in json.loads(done.stdout)["vcpus"]:
+            process = (vcpu.get("process") or {}).get("name")
+            if vcpu["mode"] != "user" or process not in ("crunch", "crunchnofp", "pinned"):
+                continue
+            names = [frame["function"] for frame in vcpu["frames"]]
+            assert vcpu["stop"] == "end-of-stack" and names[-1] in THREAD_STARTS, vcpu
+            if process != "pinned":
+                calls = names[: names.index("main") + 1]
+                assert tuple(calls) == CRUNCH_CALLS[-len(calls) :], names
+            seen += 1
+    assert seen, "no user-mode sample of the workloads was seen"
 
 
 def test_a_capture_reports_the_names_read_from_the_guest(

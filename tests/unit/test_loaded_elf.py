@@ -154,3 +154,26 @@ def test_symbol_table_pages_missing_leave_only_their_names_out(tmp_path: Path) -
         names = {s.address: s.name for s in module.symbols}
         assert all(names[a] in nm[a] for a in names)
         assert len(names) < len({s.address for s in whole.symbols})
+
+
+def test_a_static_program_s_eh_frame_is_found_through_its_sections(tmp_path: Path) -> None:
+    """gcc links a -static program with no .eh_frame_hdr (no PT_GNU_EH_FRAME): its
+    .eh_frame is where its section headers say, read from the page cache, and its FDEs
+    are the file's; with no page cache (or not its section names) it has none."""
+    built = build_elf("cfi_chain.c", tmp_path, "-O2", "-static")
+    with built.open("rb") as stream:
+        elf = ELFFile(stream)
+        assert not any(s["p_type"] == "PT_GNU_EH_FRAME" for s in elf.iter_segments())
+        names_at = elf.get_section(elf["e_shstrndx"])["sh_offset"]
+    memory, mapping, data = loaded(built, random_base("static"), GUEST_PATH)
+    reference = load_module(built)
+    module = read_loaded_module(memory, mapping, file_pages(data))
+    assert module is not None
+    starts = sorted(f.start for f in reference.cfi.entries())
+    assert starts and sorted(f.start for f in module.cfi.entries()) == starts
+    for start in starts:
+        assert module.cfi.row_for(start + 1) == reference.cfi.row_for(start + 1)
+    no_cache = read_loaded_module(memory, mapping)
+    no_names = read_loaded_module(memory, mapping, file_pages(data, {names_at // PAGE}))
+    assert no_cache is not None and len(no_cache.cfi) == 0
+    assert no_names is not None and len(no_names.cfi) == 0
