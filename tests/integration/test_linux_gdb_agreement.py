@@ -19,6 +19,11 @@ Each vCPU's sample falls in one class, decided from what GDB reads in the guest:
 The thresholds are issue 15's. Where GDB itself cannot be trusted, see
 `trusted_kernel_frames`.
 
+At each pause qmpprof runs twice: given the debug vmlinux, loop.ko and each workload
+(`--user`), and given no file at all, as a user with a stock guest runs it (kernel,
+modules and programs read from the guest's memory). The second has no DWARF, so GDB's
+inlined calls are left out of what it is compared with (`Agreement.from_memory`).
+
 With KASLR on, GDB loads the vmlinux at the slide the guest says (init prints where
 /proc/kallsyms puts asm_exc_divide_error), not at qmpprof's. When the loopread workload
 runs, GDB loads loop.ko's debug file (from the kernel's -dbg .deb) at the sections
@@ -524,8 +529,9 @@ class Agreement:
     classes: dict[str, ClassTally] = field(
         default_factory=lambda: {kind: ClassTally() for kind in THRESHOLDS}
     )
-    #: qmpprof's frames came without a kernel file: GDB's inlined kernel calls (DWARF
-    #: only) are left out, as for a module.
+    #: qmpprof's frames came without a kernel file or the programs' files: GDB's
+    #: inlined calls (DWARF only), the kernel's and the programs', are left out, as for
+    #: a module.
     from_memory: bool = False
     #: The same pauses, qmpprof given no kernel file (measure).
     memory: Agreement | None = None
@@ -543,7 +549,10 @@ class Agreement:
         gdb = self.aliases.gdb
         inlines_from = KERNEL_HALF if self.from_memory else MODULES_START
         gdb_kernel = without_module_inlines(gdb(seen.kernel, comm), inlines_from)
-        observed = replace(seen, kernel=gdb_kernel, user=gdb(seen.user, comm))
+        gdb_user = gdb(seen.user, comm)
+        if self.from_memory:
+            gdb_user = without_module_inlines(gdb_user, 0)
+        observed = replace(seen, kernel=gdb_kernel, user=gdb_user)
         gdb_leaf_first = observed.kernel or observed.user
         if self.labels is not None:
             labels, slide = self.labels, self.slide
@@ -596,9 +605,10 @@ class Agreement:
 def qmpprof_frames(
     guest: LinuxGuest, module_dir: Path | None, from_memory: bool = False
 ) -> dict[int, Frames]:
-    """`dump --json`'s frames per vCPU, given the debug vmlinux and loop.ko, or with
-    `from_memory` neither: the kernel and its modules read from the guest's memory."""
-    users = [arg for name in PROGRAMS for arg in ("--user", str(BUILD / name))]
+    """`dump --json`'s frames per vCPU, given the debug vmlinux, loop.ko and the
+    workloads, or with `from_memory` none of them: the kernel, its modules and the
+    programs read from the guest's memory (the page cache holds the initramfs's files)."""
+    users = [] if from_memory else [a for n in PROGRAMS for a in ("--user", str(BUILD / n))]
     modules = ["--module-dir", str(module_dir)] if module_dir and not from_memory else []
     kernel = [] if from_memory else ["--kernel", str(guest.kernel)]
     done = run_cached("dump", "--json", "--qmp-socket", guest.qmp, *kernel, *users, *modules)
