@@ -557,7 +557,7 @@ def read_loaded_module(
     if file is not None and headers.section_headers is not None:
         sections = read_sparse(file, headers.section_headers)
         names = section_names_span(headers, sections)
-        if names is not None:
+        if names is not None and headers.eh_frame is None:
             headers = with_section_eh_frame(headers, sections, read_sparse(file, names))
         spans = symtab_spans(sections)
         if spans is not None:
