@@ -506,8 +506,13 @@ class QmpSession:
         """Whether the guest is running (not paused by us, GDB, or anyone else).
 
         Asks QEMU once, then follows its STOP and RESUME events (GDB's stops raise
-        them too), read up to now, so a tick needs no `query-status` round trip."""
+        them too), read up to now, so a tick needs no `query-status` round trip.
+        Raises TargetGone once QEMU has closed the connection: the last event read may
+        say paused (a VM someone else paused, then shut down), which must not pass for
+        a VM still there whose ticks are skipped."""
         self.drain()
+        if self._protocol.closed is not None:
+            raise self._lost(self._protocol.closed, "while the VM was paused")
         if self._protocol.running is None:
             status = await self.execute("query-status")
             if self._protocol.running is None:  # no event since, which would be newer

@@ -97,6 +97,35 @@ def test_record_never_undoes_a_stop_that_took_effect(
         assert guest.status() == "paused"
 
 
+def test_qemu_exiting_while_another_client_holds_it_paused_ends_the_recording(
+    watched: tuple[Guest, str], tmp_path: Path
+) -> None:
+    """The other client pauses the VM, qmpprof skips its ticks, then QEMU is killed: the
+    recording ends as QEMU exited and keeps what it collected, as when QEMU exits while
+    the VM runs (test_record.py). The last event qmpprof read said paused; a closed
+    connection must not go on passing for a VM someone holds paused (CI, 2026-11-28:
+    `serve`'s scrape of a VM shut down ran its full 60 s and answered 200)."""
+    guest, other = watched
+    output = tmp_path / "p.folded"
+    record = start_record(guest, output)
+    stderr = PipeText(record.stderr)
+    try:
+        assert stderr.wait_for("progress: ") and freeze_between_ticks(record)
+        with watching(other) as watcher:
+            assert watcher.stop_took_effect()
+        stderr.drain()
+        os.kill(record.pid, signal.SIGCONT)
+        assert stderr.wait_for(PROGRESS), stderr.text  # a tick that found the VM paused
+        os.kill(guest.pid, signal.SIGKILL)
+        out, err = record.communicate(timeout=60)
+    finally:
+        record.kill()
+        record.wait()
+    assert record.returncode == 0, stderr.text + err
+    assert "QEMU exited" in out, out
+    assert output.stat().st_size > 0
+
+
 def test_dump_never_undoes_a_stop_that_took_effect_during_its_pause(
     watched: tuple[Guest, str],
 ) -> None:
