@@ -17,7 +17,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -68,6 +68,25 @@ def assert_never_resumed(watcher: Watcher, since: int) -> None:
     assert "RESUME" not in names, f"qmpprof undid another client's stop: {names[:6]}..."
 
 
+def after_a_paused_tick(
+    record: subprocess.Popen[str], stderr: PipeText, end: Callable[[], None]
+) -> str:
+    """Let the frozen `record` go on, wait for a tick after the other client's stop
+    (progress is shown after a tick), `end` it (a signal to qmpprof or to QEMU), and
+    return what it printed; it must exit 0."""
+    stderr.drain()  # the progress shown before the freeze
+    os.kill(record.pid, signal.SIGCONT)
+    try:
+        assert stderr.wait_for(PROGRESS), stderr.text
+        end()
+        out, err = record.communicate(timeout=60)
+    finally:
+        record.kill()
+        record.wait()
+    assert record.returncode == 0, stderr.text + err
+    return out
+
+
 @pytest.mark.parametrize("mode", ["stop", "nonblocking"])
 @pytest.mark.parametrize("rate", ["99", "400"])
 def test_record_never_undoes_a_stop_that_took_effect(
@@ -80,18 +99,12 @@ def test_record_never_undoes_a_stop_that_took_effect(
         stderr = PipeText(record.stderr)
         try:
             assert freeze_between_ticks(record), "qmpprof ended before its first tick"
-            stderr.drain()  # the progress shown before the freeze
             assert watcher.stop_took_effect()
             stopped_at = len(watcher.events)
-            os.kill(record.pid, signal.SIGCONT)
-            # Progress is shown after a tick: this one came after the stop.
-            assert stderr.wait_for(PROGRESS), stderr.text
-            os.kill(record.pid, signal.SIGINT)
-            out, err = record.communicate(timeout=60)
-        finally:
+        except BaseException:
             record.kill()
-            record.wait()
-        assert record.returncode == 0, stderr.text + err
+            raise
+        out = after_a_paused_tick(record, stderr, lambda: os.kill(record.pid, signal.SIGINT))
         assert_never_resumed(watcher, stopped_at)
         assert "skipped while the VM was paused by others" in out
         assert guest.status() == "paused"
@@ -110,18 +123,13 @@ def test_qemu_exiting_while_another_client_holds_it_paused_ends_the_recording(
     record = start_record(guest, output)
     stderr = PipeText(record.stderr)
     try:
-        assert stderr.wait_for("progress: ") and freeze_between_ticks(record)
+        assert stderr.wait_for(PROGRESS) and freeze_between_ticks(record)
         with watching(other) as watcher:
             assert watcher.stop_took_effect()
-        stderr.drain()
-        os.kill(record.pid, signal.SIGCONT)
-        assert stderr.wait_for(PROGRESS), stderr.text  # a tick that found the VM paused
-        os.kill(guest.pid, signal.SIGKILL)
-        out, err = record.communicate(timeout=60)
-    finally:
+    except BaseException:
         record.kill()
-        record.wait()
-    assert record.returncode == 0, stderr.text + err
+        raise
+    out = after_a_paused_tick(record, stderr, lambda: os.kill(guest.pid, signal.SIGKILL))
     assert "QEMU exited" in out, out
     assert output.stat().st_size > 0
 
