@@ -286,11 +286,12 @@ class ProcessMaps:
         for add in step.more():
             added = await reader.run(_given(add, headers))
             headers = headers if added is UNREADABLE else added
-        sections = await _section_table(memory, headers)
-        if sections is not None:
+        symbols: list[Symbol] = []
+        if isinstance(memory, FileBackedMemory) and headers.section_headers is not None:
+            sections = await _file_sparse(memory, headers.section_headers)
             headers = await _with_section_eh_frame(memory, headers, sections)
+            symbols = await _file_symbols(memory, headers, sections)
         pieces = {span: await _sparse(memory, vcpu, span) for span in headers.spans()}
-        symbols = await _file_symbols(memory, headers, sections)
         image = loaded_image(headers, pieces, symbols)
         self.stats.image_bytes += reader.reads * PAGE_SIZE + image.bytes_read
         return loaded_module(mapping, headers, image)
@@ -318,32 +319,26 @@ async def _sparse(memory: MemoryBackend, vcpu: int, span: Span) -> SparseBytes:
     return SparseBytes(span, pages)
 
 
-async def _section_table(memory: MemoryBackend, headers: LoadedHeaders) -> SparseBytes | None:
-    """The file's section header table (in no mapping) as far as the page cache has it;
-    None when no page cache can be read or the file has none."""
-    if not isinstance(memory, FileBackedMemory) or headers.section_headers is None:
-        return None
-    return await _file_sparse(memory, headers.section_headers)
-
-
 async def _with_section_eh_frame(
-    memory: MemoryBackend, headers: LoadedHeaders, sections: SparseBytes
+    memory: FileBackedMemory, headers: LoadedHeaders, sections: SparseBytes
 ) -> LoadedHeaders:
-    """`headers` with the `.eh_frame` its sections place (a static program's), if it
-    has none from its program headers."""
+    """`headers` with the `.eh_frame` the file's section header table (`sections`, in no
+    mapping: from the page cache) places, a static program's, if its program headers
+    gave none."""
     names = section_names_span(headers, sections)
-    if headers.eh_frame is not None or names is None or not isinstance(memory, FileBackedMemory):
+    if headers.eh_frame is not None or names is None:
         return headers
     return with_section_eh_frame(headers, sections, await _file_sparse(memory, names))
 
 
 async def _file_symbols(
-    memory: MemoryBackend, headers: LoadedHeaders, sections: SparseBytes | None
+    memory: FileBackedMemory, headers: LoadedHeaders, sections: SparseBytes
 ) -> list[Symbol]:
     """The functions of the file's own symbol table (`.symtab`, in no mapping), where the
-    page cache has the pages that hold it: none when no page cache can be read."""
-    spans = None if sections is None else symtab_spans(sections)
-    if spans is None or not isinstance(memory, FileBackedMemory):
+    page cache has the pages of `sections` (its section header table) that place it and
+    the pages that hold it."""
+    spans = symtab_spans(sections)
+    if spans is None:
         return []
     table, strings = spans
     return file_symbols(

@@ -512,7 +512,7 @@ class QmpSession:
         a VM still there whose ticks are skipped."""
         self.drain()
         if self._protocol.closed is not None:
-            raise self._lost(self._protocol.closed, "while the VM was paused")
+            raise self._lost(self._protocol.closed, "before the tick")
         if self._protocol.running is None:
             status = await self.execute("query-status")
             if self._protocol.running is None:  # no event since, which would be newer

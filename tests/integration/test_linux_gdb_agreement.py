@@ -457,7 +457,8 @@ def without_module_inlines(frames: list[GdbFrame], start: int = MODULES_START) -
     names module code by its symbol only (seen: GDB's lo_read_simple, do_req_filebacked,
     loop_handle_cmd, loop_process_work at one address of loop.ko, qmpprof's
     loop_process_work), which issue 15 asks of modules ("at least by name"). `start`:
-    from where on; KERNEL_HALF for a kernel read from memory (kallsyms: no DWARF)."""
+    from where on; KERNEL_HALF for a kernel read from memory (kallsyms: no DWARF), 0 for
+    programs read from memory too (their symbol tables: no DWARF)."""
     return [
         frame
         for frame, older in zip(frames, [*frames[1:], None], strict=False)
