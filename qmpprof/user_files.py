@@ -32,6 +32,11 @@ DEBUG_BY_BUILD_ID = PurePosixPath("usr/lib/debug/.build-id")
 MAX_GUEST_PATH = 4096
 #: Files kept loaded: a guest with more distinct files than this loads again.
 MAX_LOADED = 512
+#: Reads from the guest's memory of one file with no host copy that found nothing or
+#: part of it, before the best is kept for good: a read finds nothing in a process that
+#: is exiting, and part of the file in one still being exec'd (some of its mappings not
+#: made yet), where another process that maps the file may hold it whole.
+GUEST_COPY_TRIES = 4
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,10 @@ class UserFiles:
         #: Files with no host copy, by (guest path, build-id): the module read from the
         #: guest's memory (guest/loaded_elf.py), or None when that read found nothing.
         self.from_guest: dict[tuple[str, bytes | None], Module | None] = {}
+        #: By the same key: the reads that found nothing or part of the file, and the
+        #: files whose module there is such a part.
+        self._guest_copy_tries: dict[tuple[str, bytes | None], int] = {}
+        self._partial: set[tuple[str, bytes | None]] = set()
 
     @property
     def searching(self) -> bool:
@@ -89,16 +98,35 @@ class UserFiles:
 
     def wants_guest_copy(self, mapping: FileMapping) -> bool:
         """Whether `mapping`'s file has no host copy and its loaded image was not read
-        from the guest yet (once per path and build-id, found or not)."""
+        whole from the guest yet (per path and build-id; a read that found nothing or
+        part of it is tried again, GUEST_COPY_TRIES such reads in all)."""
         key = (mapping.path, mapping.build_id)
-        return key not in self.from_guest and self.module_for(mapping) is None
+        if self._guest_copy_tries.get(key, 0) >= GUEST_COPY_TRIES:
+            return False
+        found = self.module_for(mapping)
+        return found is None or (key in self._partial and found is self.from_guest.get(key))
 
-    def add_guest_copy(self, mapping: FileMapping, module: Module | None) -> None:
-        """What reading `mapping`'s file from the guest gave (None: nothing usable):
-        `module_for` returns it from now on, for want of a host copy."""
+    def add_guest_copy(
+        self, mapping: FileMapping, module: Module | None, whole: bool = True
+    ) -> None:
+        """What reading `mapping`'s file from the guest gave (None: nothing usable;
+        not `whole`: some of what it needed could not be read): `module_for` returns it
+        from now on, for want of a host copy, or the fuller of two parts."""
         if len(self.from_guest) >= MAX_LOADED:
             self.from_guest.clear()
-        self.from_guest[(mapping.path, mapping.build_id)] = module
+            self._guest_copy_tries.clear()
+            self._partial.clear()
+        key = (mapping.path, mapping.build_id)
+        if module is None or not whole:
+            self._guest_copy_tries[key] = self._guest_copy_tries.get(key, 0) + 1
+        before = self.from_guest.get(key)
+        if module is not None and not whole and not _fuller(module, before):
+            return  # the part read before has more
+        if module is not None or before is None:
+            self.from_guest[key] = module
+            self._partial.discard(key)
+            if module is not None and not whole:
+                self._partial.add(key)
 
     def _find(self, guest_path: str, build_id: bytes | None) -> Module | None:
         for host_path, needs_build_id in self._candidates(guest_path):
@@ -168,6 +196,11 @@ class UserFiles:
         hex_id = build_id.hex()
         resolved = self._inside_sysroot(DEBUG_BY_BUILD_ID / hex_id[:2] / f"{hex_id[2:]}.debug")
         return resolved if resolved is not None and resolved.is_file() else None
+
+
+def _fuller(module: Module, than: Module | None) -> bool:
+    """Whether a part of a file read from the guest has more FDEs than `than`."""
+    return than is None or len(module.cfi) > len(than.cfi)
 
 
 def _stem(name: str) -> str:

@@ -21,6 +21,8 @@
  *               a file in tmpfs (workloads/loopread.c); only when --workloads names it
  *   timeloop    reads the clock, in the vDSO: main -> time_loop -> read_clock ->
  *               clock_gettime -> the vDSO's; only when --workloads names it
+ *   spawner     starts short-lived dynworks (a few rounds of its loop) one after
+ *               another: main -> spawn_one -> fork, execve; only when --workloads names it
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -47,7 +49,7 @@ static const struct workload {
 } WORKLOADS[] = {
     {"crunch", 0, 0}, {"crunchnofp", 0, 0}, {"sysloop", 0, 0},
     {"pinned", 0, 0}, {"sleeper", 0, 0},    {"dynwork", 1, 1},
-    {"loopread", 1, 1}, {"timeloop", 1, 0},
+    {"loopread", 1, 1}, {"timeloop", 1, 0}, {"spawner", 1, 0},
 };
 #define STOP_IN_MAIN_ENV "QMPPROF_STOP_IN_MAIN=1"
 

@@ -274,8 +274,8 @@ def maps_problems(stats: MapsStats | None) -> list[str]:
         said.append(f"{stats.failed} of {stats.walks} walks of a process's maps failed")
     if stats.images_failed:
         said.append(
-            f"{stats.images_failed} of {stats.images} files with no host copy could not be "
-            "read from the guest"
+            f"{stats.images_failed} of {stats.images} reads of files with no host copy "
+            "found nothing in the guest"
         )
     return ["process maps: " + "; ".join(said)]
 

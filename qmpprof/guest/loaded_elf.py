@@ -148,6 +148,10 @@ class SparseBytes:
     def pages_read(self) -> int:
         return len(self._present)
 
+    def whole(self) -> bool:
+        """Whether every page of the span was read (no hole)."""
+        return len(self._present) == len(page_numbers(self.span))
+
     def readable_prefix(self) -> int:
         """How many bytes from the start were read without a hole."""
         page = self.span.address // PAGE_SIZE

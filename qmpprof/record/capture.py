@@ -316,8 +316,8 @@ class Capturer:
             return sample
         if task is None:
             return sample
-        user_pc = next((f.address for f in sample.stack.frames if f.address < KERNEL_HALF), None)
-        found = await self.maps.maps_for(raw.registers, task, user_pc, process.pid)
+        user_pcs = [f.address for f in sample.stack.frames if f.address < KERNEL_HALF]
+        found = await self.maps.maps_for(raw.registers, task, user_pcs, process.pid)
         if found is None:
             return sample
         if await self.maps.read_guest_copies(raw.registers, found, self._analyzer.files):

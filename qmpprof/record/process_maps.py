@@ -4,13 +4,14 @@ through the capture's memory backend, and kept per address space.
     maps = ProcessMaps.of_guest(kernel, adapter, memory)   # None: not Linux, or no DWARF
     found = await maps.maps_for(registers, task)           # while the VM is paused
 
-`maps_for(registers, task, user_pc=None, process=None)` gives the executable file
+`maps_for(registers, task, user_pcs=(), process=None)` gives the executable file
 mappings of the task at `task` (a task_struct's address: `LinuxAdapter.task_address`),
 which must be the task running on `registers.vcpu`: its memory is read through that
 vCPU's page tables (the kernel half is in every process's; the build-ids are in the
 process's own half, so another process's task would get a wrong build-id). It returns a
 tuple of FileMapping sorted by start, () for a task without an mm (a kernel thread,
-which runs on a borrowed CR3: never kept), or None when no walk of that address space
+which runs on a borrowed CR3: never kept; a process past exit_mm, whose samples in its
+exit still have its user frames, keeps the maps it had), or None when no walk of that address space
 has succeeded yet. It returns () too when the vCPU is in the middle of a context switch
 (CR3 already holds another mm's page tables than `task`'s: mm->pgd, through the direct
 map, is not CR3's): the files' pages would be read in the wrong process, so nothing is
@@ -20,10 +21,17 @@ the walk and is counted, never raised.
 
 Maps are kept per address space: CR3 without its PCID bits, and `process` (the tgid,
 which the caller has from the adapter's label) when given, since a freed page directory
-is soon another process's CR3. They are read again when the user PC (`user_pc`, else
-the registers' PC in user mode) lies in no executable mapping the last read found
-(anonymous ones count: JIT code), at most once per REREAD_INTERVAL_S per address
-space, on an injected clock. With page-table isolation an address space has two CR3s
+is soon another process's CR3. They are read again when a user PC (`user_pcs`, the
+stack's user frames, else the registers' PC in user mode) lies in no executable
+mapping the last read found (anonymous ones count: JIT code): at once, up to
+PROMPT_WALKS walks per address space in a REREAD_INTERVAL_S, since a process caught
+during its exec or while ld.so maps its libraries has its first walk before they are
+mapped (a shell script's or a build's processes live for less than a second), though
+not for a page of code walks found nothing at already (an exec's samples still hold
+the registers of the program that called execve); beyond that, and after a walk that
+found the task mid context switch, once per REREAD_INTERVAL_S; on an injected clock. A
+walk that fails is tried again at once (WALK_TRIES). With page-table isolation an
+address space has two CR3s
 (user and kernel): each is kept on its own.
 
 Memory is read by whole pages and kept for one walk, so the VMAs of one slab page cost
@@ -33,8 +41,8 @@ one read. `stats` counts walks, failed walks and reads.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
 
 from qmpprof.guest.adapter import OsAdapter
 from qmpprof.guest.kernel_types import KernelTypes
@@ -63,6 +71,15 @@ from qmpprof.target.memory import MemoryBackend
 from qmpprof.user_files import UserFiles
 
 REREAD_INTERVAL_S = 1.0
+#: Walks of one address space in one REREAD_INTERVAL_S that a user PC outside its known
+#: code may ask for at once: a new process's program, ld.so, its libraries, a dlopen.
+PROMPT_WALKS = 8
+#: Walks in a row when one fails: after the VM resumed (a copied sample's), a process
+#: that is mapping its files can change its VMAs under a walk.
+WALK_TRIES = 2
+#: Pages of PCs outside every mapping kept per address space (garbage PCs of torn
+#: samples would otherwise grow it without end).
+MAX_MISSED = 64
 #: Address spaces whose maps are kept before the cache starts over (a guest that starts
 #: processes by the thousand; each is read again when next seen).
 MAX_KNOWN = 4096
@@ -92,11 +109,18 @@ class MapsRead:
 
 
 async def read_maps(
-    memory: MemoryBackend, vcpu: int, layout: MapsLayout, task: int, loaded: Loaded = None
+    memory: MemoryBackend,
+    vcpu: int,
+    layout: MapsLayout,
+    task: int,
+    loaded: Loaded = None,
+    file_memory: FileMemory = None,
 ) -> MapsRead | None:
     """The maps of `task` (running on `vcpu`); None when kernel memory the walk needed
     could not be read. `loaded(pgd)` says whether those page tables are CR3's: when not,
-    the files' pages (their build-ids) are not read."""
+    the files' pages (their build-ids) are not read. `file_memory(source)`: the
+    process's memory with that file's pages it never touched read from the page cache,
+    for a build-id its page tables do not map yet (a process still being exec'd)."""
     reader = PageReader(memory, vcpu)
     walk = MapsWalk(layout, task)
     files = await reader.run(walk.advance)
@@ -109,6 +133,10 @@ async def read_maps(
         build_id = None
         if mapped.header is not None:
             read = await reader.run(BuildIdRead(mapped.header, mapped.header_size).advance)
+            if read is UNREADABLE and file_memory is not None and mapped.source is not None:
+                cached = PageReader(file_memory(mapped.source), vcpu)
+                read = await cached.run(BuildIdRead(mapped.header, mapped.header_size).advance)
+                reader.reads += cached.reads
             build_id = None if read is UNREADABLE else read
         found.append(mapped.with_build_id(build_id))
     sources = tuple(mapped.source for mapped in files)
@@ -136,6 +164,9 @@ class MapsStats:
 
 #: Says whether an mm's pgd is the page-table root CR3 holds (ProcessMaps._loaded_check).
 Loaded = Callable[[PageReader, int], Awaitable[bool]] | None
+#: A process's memory with one file's pages read from the page cache where its page
+#: tables have none (record/file_pages.py).
+FileMemory = Callable[[FileSource], MemoryBackend] | None
 
 
 @dataclass
@@ -143,6 +174,11 @@ class _Known:
     files: tuple[FileMapping, ...] | None
     executable: tuple[tuple[int, int], ...]
     read_at: float
+    #: When the first walk of this REREAD_INTERVAL_S was, and the walks since (it included).
+    since: float
+    walks: int
+    #: Pages (numbers) of user PCs that walks found no code at (ProcessMaps._walk_again).
+    missed: frozenset[int] = frozenset()
     sources: tuple[FileSource | None, ...] = ()
     #: The task's mm was not the one CR3 held: kept, as a task's mm never is another
     #: CR3's, so that a vCPU seen mid context switch (or a nonblocking sample whose task
@@ -167,6 +203,9 @@ class ProcessMaps:
         self._clock = clock
         self._page_cache = page_cache
         self._known: dict[tuple[int, int | None], _Known] = {}
+        #: Files with no host copy whose last read from the guest found nothing or part
+        #: of them: in which address space (read_guest_copies).
+        self._copy_tried_in: dict[tuple[str, bytes | None], int] = {}
         self.stats = MapsStats()
 
     @classmethod
@@ -188,24 +227,45 @@ class ProcessMaps:
         self,
         registers: RegisterSet,
         task: int,
-        user_pc: int | None = None,
+        user_pcs: Sequence[int] = (),
         process: int | None = None,
     ) -> tuple[FileMapping, ...] | None:
         """The mappings of `task`, running on `registers.vcpu` (module docstring)."""
         key = (registers.cr3 & _CR3_ADDRESS, process)
         known = self._known.get(key)
-        pc = user_pc if user_pc is not None else registers.rip if registers.cpl == 3 else None
-        if known is None or (self._stale(known) and not _runs_known(known, pc)):
+        if not user_pcs and registers.cpl == 3:
+            user_pcs = (registers.rip,)
+        if known is None or self._walk_again(known, user_pcs):
             done = await self._read(registers, task, known)
             if done is None:
                 return ()
             if len(self._known) >= MAX_KNOWN:
                 self._known.clear()
-            known = self._known[key] = done
+            known = self._known[key] = _with_missed(done, user_pcs, known)
         return () if known.switching else known.files
 
-    def _stale(self, known: _Known) -> bool:
-        return self._clock() - known.read_at >= REREAD_INTERVAL_S
+    def _walk_again(self, known: _Known, pcs: Sequence[int]) -> bool:
+        """Whether an address space is walked again for `pcs` now (module docstring):
+        not when each lies in its known code. A page of code the last walks did not find
+        either (the program that called execve, whose registers an exec's samples still
+        hold) waits for the next REREAD_INTERVAL_S."""
+        outside = [pc for pc in pcs if not _in_code(known, pc)]
+        if known.files is not None and not outside:
+            return False
+        now = self._clock()
+        if now - known.read_at >= REREAD_INTERVAL_S:
+            return True
+        if known.switching:
+            return False
+        if known.walks >= PROMPT_WALKS and now - known.since < REREAD_INTERVAL_S:
+            return False
+        return any(pc // PAGE_SIZE not in known.missed for pc in outside)
+
+    def _file_memory(self, registers: RegisterSet) -> FileMemory:
+        cache = self._page_cache
+        if cache is None:
+            return None
+        return lambda source: FileBackedMemory(self._memory, registers.vcpu, source, cache)
 
     def _loaded_check(self, registers: RegisterSet) -> Loaded:
         """Whether an mm's pgd (a direct-map address) is what CR3 holds; None when the
@@ -223,21 +283,37 @@ class ProcessMaps:
     async def _read(
         self, registers: RegisterSet, task: int, before: _Known | None
     ) -> _Known | None:
-        """A new read of the maps; None for a task without an mm (nothing to keep), a
-        `switching` one for a task whose mm is not loaded."""
+        """A new read of the maps; None for a task without an mm (nothing to keep) that
+        had none `before`, a `switching` one for a task whose mm is not loaded."""
         now = self._clock()
         loaded = self._loaded_check(registers)
-        done = await read_maps(self._memory, registers.vcpu, self._layout, task, loaded)
-        self.stats.walks += 1
+        file_memory = self._file_memory(registers)
+        for _ in range(WALK_TRIES):
+            done = await read_maps(
+                self._memory, registers.vcpu, self._layout, task, loaded, file_memory
+            )
+            self.stats.walks += 1
+            if done is not None:
+                break
+            self.stats.failed += 1
+        if before is not None and now - before.since < REREAD_INTERVAL_S:
+            since, walks = before.since, before.walks + 1
+        else:
+            since, walks = now, 1
         if done is not None and done.switching:
             self.stats.switching += 1
-            return _Known(None, (), now, switching=True)
+            return _Known(None, (), now, since, walks, switching=True)
         if done is None:
-            self.stats.failed += 1
-            return _Known(before.files, before.executable, now) if before else _Known(None, (), now)
+            if before is None:
+                return _Known(None, (), now, since, walks)
+            return replace(before, read_at=now, since=since, walks=walks, switching=False)
         self.stats.reads += done.reads
         self.stats.most_reads = max(self.stats.most_reads, done.reads)
-        return _Known(done.files, done.executable, now, done.sources) if done.has_mm else None
+        if not done.has_mm:  # a process past exit_mm keeps the maps it had
+            if before is None:
+                return None
+            return replace(before, read_at=now, since=since, walks=walks)
+        return _Known(done.files, done.executable, now, since, walks, sources=done.sources)
 
     async def read_guest_copies(
         self, registers: RegisterSet, maps: tuple[FileMapping, ...], files: UserFiles
@@ -245,36 +321,50 @@ class ProcessMaps:
         """For each file of `maps` (the task on `registers.vcpu`'s) with no host copy,
         read once: what its process has loaded of it (its .eh_frame and dynamic
         symbols, guest/loaded_elf.py), handed to `files` (UserFiles.add_guest_copy).
-        Whether a file was added: an address space built before lacks it."""
+        A read that found nothing or part of the file is tried again in another
+        address space only (the process may have been exiting, or still being
+        exec'd). Whether a file was added: an address space built before lacks it."""
         added = False
         sources = self._sources(registers, maps)
-        for mapping, source in zip(maps, sources, strict=True):
-            if not files.wants_guest_copy(mapping):
+        if sources is None and self._page_cache is not None:
+            return False  # wait for a walk that has their VMAs: a copy would lack pages
+        space = registers.cr3 & _CR3_ADDRESS
+        for mapping, source in zip(maps, sources or (None,) * len(maps), strict=True):
+            key = (mapping.path, mapping.build_id)
+            if self._copy_tried_in.get(key) == space or not files.wants_guest_copy(mapping):
                 continue
+            if source is None and mapping.build_id is None:
+                continue  # the vDSO before its process touched it: nothing to read yet
             memory = self._memory
             if source is not None and self._page_cache is not None:
                 memory = FileBackedMemory(memory, registers.vcpu, source, self._page_cache)
             before = self._page_cache.pages if self._page_cache else 0
-            module = await self._guest_copy(memory, registers.vcpu, mapping)
+            module, whole = await self._guest_copy(memory, registers.vcpu, mapping)
             self.stats.cached_pages += (self._page_cache.pages if self._page_cache else 0) - before
-            files.add_guest_copy(mapping, module)
+            files.add_guest_copy(mapping, module, whole)
+            if module is None or not whole:
+                if len(self._copy_tried_in) >= MAX_KNOWN:
+                    self._copy_tried_in.clear()
+                self._copy_tried_in[key] = space
             added = True
         return added
 
     def _sources(
         self, registers: RegisterSet, maps: tuple[FileMapping, ...]
-    ) -> tuple[FileSource | None, ...]:
+    ) -> tuple[FileSource | None, ...] | None:
         """The FileSources of `maps` as the read of this address space that found them
-        has them; None each when no kept read did."""
+        has them (None for a mapping of no file: the vDSO); None when no kept read did."""
         cr3 = registers.cr3 & _CR3_ADDRESS
         for (space, _), known in self._known.items():
             if space == cr3 and known.files == maps and len(known.sources) == len(maps):
                 return known.sources
-        return (None,) * len(maps)
+        return None
 
     async def _guest_copy(
         self, memory: MemoryBackend, vcpu: int, mapping: FileMapping
-    ) -> Module | None:
+    ) -> tuple[Module | None, bool]:
+        """The file's module read from the guest (None: nothing usable), and whether
+        every table it reads was read whole."""
         self.stats.images += 1
         reader = PageReader(memory, vcpu)
         step = LoadedHeadersRead(mapping)
@@ -282,9 +372,11 @@ class ProcessMaps:
         if headers is UNREADABLE or headers is None:
             self.stats.images_failed += 1
             self.stats.image_bytes += reader.reads * PAGE_SIZE
-            return None
+            return None, False
+        whole = True
         for add in step.more():
             added = await reader.run(_given(add, headers))
+            whole = whole and added is not UNREADABLE
             headers = headers if added is UNREADABLE else added
         symbols: list[Symbol] = []
         if isinstance(memory, FileBackedMemory) and headers.section_headers is not None:
@@ -294,7 +386,8 @@ class ProcessMaps:
         pieces = {span: await _sparse(memory, vcpu, span) for span in headers.spans()}
         image = loaded_image(headers, pieces, symbols)
         self.stats.image_bytes += reader.reads * PAGE_SIZE + image.bytes_read
-        return loaded_module(mapping, headers, image)
+        whole = whole and all(piece.whole() for piece in pieces.values())
+        return loaded_module(mapping, headers, image), whole
 
     def forget(self) -> None:
         """Drop every address space's maps (a new connection: other processes)."""
@@ -362,9 +455,16 @@ def _given(
     return lambda memory: step(memory, headers)
 
 
-def _runs_known(known: _Known, pc: int | None) -> bool:
-    """Whether the last read succeeded and `pc` is none to check, or lies in an
-    executable range it found."""
-    if known.files is None:
-        return False
-    return pc is None or any(start <= pc < end for start, end in known.executable)
+def _in_code(known: _Known, pc: int) -> bool:
+    """Whether `pc` lies in an executable range the walk found (or just past one: a
+    return address after a mapping's last call)."""
+    return any(start <= pc <= end for start, end in known.executable)
+
+
+def _with_missed(known: _Known, pcs: Sequence[int], before: _Known | None) -> _Known:
+    """`known` with the pages of `pcs` it has no code at added to those missed before
+    (MAX_MISSED pages at most: more start over)."""
+    missed = {pc // PAGE_SIZE for pc in pcs if not _in_code(known, pc)}
+    if before is not None and len(before.missed) + len(missed) <= MAX_MISSED:
+        missed |= before.missed
+    return replace(known, missed=frozenset(missed))

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import run_cached
+from tests.integration.speedscope_stacks import Frame, Stack, stacks_by_label
 from tests.linux_vm import (
     BUILD,
     MID_SWITCH,
@@ -47,15 +48,6 @@ LABEL = re.compile(r"^(\S+ \(\d+\)|\[\S+\])$")
 NO_TASK = "[kernel]"
 #: The stacks compared with perf's.
 TOP = 5
-
-
-@dataclass(frozen=True)
-class Frame:
-    name: str
-    file: str | None
-
-
-Stack = tuple[Frame, ...]  # root first
 
 
 @pytest.fixture(scope="module")
@@ -89,22 +81,6 @@ def test_no_stack_is_called_torn(recorded: tuple[Path, str]) -> None:
     bytes cannot say whether a kernel return address follows a call, so they must not
     call the idle task's or read_zero's stacks torn (they did, 1,023 of 1,684 samples)."""
     assert "torn stacks" not in recorded[1], recorded[1]
-
-
-def stacks_by_label(document: dict[str, object]) -> dict[str, list[Stack]]:
-    """speedscope's profiles ("LABEL[, thread T]", or "vCPU N — LABEL…" grouped by vCPU)
-    merged by LABEL."""
-    shared = document["shared"]
-    assert isinstance(shared, dict)
-    frames = [Frame(entry["name"], entry.get("file")) for entry in shared["frames"]]
-    stacks: dict[str, list[Stack]] = {}
-    profiles = document["profiles"]
-    assert isinstance(profiles, list)
-    for profile in profiles:
-        label = profile["name"].split(" — ", 1)[-1].split(", thread ", 1)[0]
-        samples = [tuple(frames[i] for i in sample) for sample in profile["samples"]]
-        stacks.setdefault(label, []).extend(samples)
-    return stacks
 
 
 def sysloop_label(guest: LinuxGuest) -> str:

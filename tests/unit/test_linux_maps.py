@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,14 @@ from qmpprof.guest.linux.maps import (
 from qmpprof.memory import WindowMemory
 from qmpprof.model import KERNEL_HALF, FileMapping, MemoryWindow, RegisterSet
 from qmpprof.record.page_reader import PAGE_SIZE
-from qmpprof.record.process_maps import REREAD_INTERVAL_S, ProcessMaps, read_maps
+from qmpprof.record.process_maps import (
+    PROMPT_WALKS,
+    REREAD_INTERVAL_S,
+    WALK_TRIES,
+    ProcessMaps,
+    read_maps,
+)
+from qmpprof.user_files import GUEST_COPY_TRIES, UserFiles
 from tests.elf_tools import readelf_build_id
 from tests.linux_tasks import proc_maps
 from tests.unit.conftest import build_elf
@@ -188,7 +196,11 @@ def saved_maps(abi: str, name: str, clock: Clock) -> tuple[ProcessMaps, SavedGue
     return ProcessMaps(gdb_layout(abi), guest, clock), guest, workload["task"]  # type: ignore[arg-type]
 
 
-def test_maps_are_kept_per_address_space_and_read_again_at_most_once_a_second() -> None:
+def test_maps_are_kept_per_address_space_and_read_again_when_their_code_misses() -> None:
+    """A user PC outside every mapping the last walk found walks again at once (a new
+    process maps its libraries after its first walk), up to PROMPT_WALKS walks a
+    second, but not for a page a walk found nothing at already; a PC inside, or none
+    (kernel mode), never does."""
     clock = Clock()
     abi, name = CAUGHT[0]
     maps, guest, task = saved_maps(abi, name, clock)
@@ -202,12 +214,45 @@ def test_maps_are_kept_per_address_space_and_read_again_at_most_once_a_second() 
         list(e) for e in expected
     ]
     assert (maps.stats.walks, maps.stats.reads) == (1, guest.reads)
-    assert ask(0x10) == found and maps.stats.walks == 1  # outside, but read just now
-    clock.now += REREAD_INTERVAL_S
     assert ask(0x401000) == found and maps.stats.walks == 1  # inside: nothing new
     assert ask(0x10, cpl=0) == found and maps.stats.walks == 1  # kernel mode: no user PC
-    assert ask(0x10) == found and maps.stats.walks == 2  # outside, a second on
+    assert ask(0x10) == found and maps.stats.walks == 2  # outside: at once
+    assert ask(0x10) == found and maps.stats.walks == 2  # that page missed already
+    for walks in range(3, PROMPT_WALKS + 1):
+        assert ask(walks * PAGE_SIZE) == found and maps.stats.walks == walks  # a new page
+    assert ask(0x7F0000) == found and maps.stats.walks == PROMPT_WALKS  # no more this second
+    clock.now += REREAD_INTERVAL_S / 2
+    assert ask(0x7F0000) == found and maps.stats.walks == PROMPT_WALKS
+    clock.now += REREAD_INTERVAL_S / 2
+    assert ask(0x10) == found and maps.stats.walks == PROMPT_WALKS + 1  # a second on
+    assert ask(0x7F0000) == found and maps.stats.walks == PROMPT_WALKS + 2  # a new second's
     assert maps.stats.failed == 0
+
+
+def test_a_caller_outside_the_known_code_walks_again_too() -> None:
+    """A leaf in the program with a caller where no known mapping is (a library the
+    first walk came too early for): the unwind stopped there, so that walks again."""
+    abi, name = CAUGHT[0]
+    maps, _, task = saved_maps(abi, name, Clock())
+    found = asyncio.run(maps.maps_for(registers(0x401000), task, (0x401000, 0x401010)))
+    assert found and maps.stats.walks == 1
+    assert asyncio.run(maps.maps_for(registers(0x401000), task, (0x401000, 0x10))) == found
+    assert maps.stats.walks == 2
+
+
+def test_a_process_past_exit_mm_keeps_the_maps_it_had() -> None:
+    """Once do_exit dropped the mm (task->mm zero), a walk finds no maps: the samples
+    of its exit still have the user frames of the code it ran, named by the last walk."""
+    clock = Clock()
+    abi, name = CAUGHT[0]
+    maps, guest, task = saved_maps(abi, name, clock)
+    found = asyncio.run(maps.maps_for(registers(0x401000), task))
+    assert found
+    mm = task + gdb_layout(abi).task_mm
+    guest.pages[mm // PAGE_SIZE][mm % PAGE_SIZE : mm % PAGE_SIZE + 8] = bytes(8)
+    clock.now += REREAD_INTERVAL_S
+    assert asyncio.run(maps.maps_for(registers(0x10), task)) == found
+    assert maps.stats.walks == 2
 
 
 def test_two_processes_on_one_cr3_are_kept_apart() -> None:
@@ -229,10 +274,10 @@ def test_a_walk_that_cannot_read_the_kernel_fails_and_is_counted() -> None:
     task = DATA[abi]["workloads"][name]["task"]
     assert asyncio.run(maps.maps_for(registers(0x401000, cpl=0), task)) is None
     assert asyncio.run(maps.maps_for(registers(0x401000, cpl=0), task)) is None
-    assert (maps.stats.walks, maps.stats.failed) == (1, 1)  # tried again only a second on
-    clock.now += REREAD_INTERVAL_S
+    assert (maps.stats.walks, maps.stats.failed) == (WALK_TRIES, WALK_TRIES)  # at once
+    clock.now += REREAD_INTERVAL_S  # a kernel-mode PC: tried again only a second on
     assert asyncio.run(maps.maps_for(registers(0x401000, cpl=0), task)) is None
-    assert (maps.stats.walks, maps.stats.failed) == (2, 2)
+    assert (maps.stats.walks, maps.stats.failed) == (2 * WALK_TRIES, 2 * WALK_TRIES)
 
 
 def test_no_process_maps_without_a_linux_kernel(symbols_elf: Path) -> None:
@@ -292,3 +337,26 @@ def test_a_task_seen_mid_context_switch_is_walked_again_at_most_once_a_second() 
     clock.now += REREAD_INTERVAL_S
     assert asyncio.run(maps.maps_for(registers(0x401000), workload["task"])) == ()
     assert (maps.stats.walks, maps.stats.switching) == (2, 2)
+
+
+def test_a_file_read_that_found_nothing_is_tried_again_in_another_address_space_only() -> None:
+    """The workload's files as its maps give them, over a memory where nothing can be
+    read (a process exiting): the same address space is not asked again; another one
+    is, up to UserFiles' tries."""
+    abi, name = CAUGHT[0]
+    walked, _, task = saved_maps(abi, name, Clock())
+    found = asyncio.run(walked.maps_for(registers(0x401000), task))
+    assert found
+    maps = ProcessMaps(gdb_layout(abi), SavedGuest([]), Clock())  # type: ignore[arg-type]
+    files = UserFiles()
+
+    def copies(cr3: int) -> bool:
+        here = replace(registers(0x401000), cr3=cr3)
+        return asyncio.run(maps.read_guest_copies(here, found, files))
+
+    assert copies(0x1234005) and maps.stats.images == maps.stats.images_failed == len(found)
+    assert not copies(0x1234005) and maps.stats.images == len(found)
+    assert copies(0x5678000) and maps.stats.images == 2 * len(found)
+    for cr3 in range(GUEST_COPY_TRIES):
+        copies(0x9000000 + cr3 * PAGE_SIZE)
+    assert maps.stats.images == GUEST_COPY_TRIES * len(found)

@@ -18,7 +18,7 @@ from qmpprof.guest.loaded_elf import read_loaded_module
 from qmpprof.memory import WindowMemory
 from qmpprof.model import MemoryWindow
 from qmpprof.modules import load_module
-from qmpprof.user_files import UserFiles
+from qmpprof.user_files import GUEST_COPY_TRIES, UserFiles
 from tests.elf_tools import nm_functions
 from tests.seeds import seeded
 from tests.unit.conftest import build_elf
@@ -113,6 +113,31 @@ def test_user_files_hands_out_the_guest_copy(tmp_path: Path) -> None:
     module = read_loaded_module(memory, mapping)
     files.add_guest_copy(mapping, module)
     assert not files.wants_guest_copy(mapping) and files.module_for(mapping) is module
+
+
+def test_a_guest_copy_that_found_nothing_is_tried_again_a_few_times(tmp_path: Path) -> None:
+    """A read finds nothing where its process was exiting, part of the file where it
+    was still being exec'd; another process that maps the file may hold it whole: tried
+    again, GUEST_COPY_TRIES reads in all."""
+    built = build_elf("userlib.c", tmp_path, *SHARED)
+    memory, mapping, _ = loaded(built, random_base("retry"), GUEST_PATH)
+    files = UserFiles()
+    for _ in range(GUEST_COPY_TRIES - 1):
+        assert read_loaded_module(WindowMemory([]), mapping) is None  # nothing mapped
+        files.add_guest_copy(mapping, None)
+        assert files.wants_guest_copy(mapping) and files.module_for(mapping) is None
+    module = read_loaded_module(memory, mapping)
+    files.add_guest_copy(mapping, module)
+    assert not files.wants_guest_copy(mapping) and files.module_for(mapping) is module
+    partial = UserFiles()  # a part (some pages unreadable) is used, and read again
+    partial.add_guest_copy(mapping, module, whole=False)
+    assert partial.wants_guest_copy(mapping) and partial.module_for(mapping) is module
+    partial.add_guest_copy(mapping, module)
+    assert not partial.wants_guest_copy(mapping) and partial.module_for(mapping) is module
+    other = replace(mapping, path="/usr/lib/other.so")
+    for _ in range(GUEST_COPY_TRIES):
+        files.add_guest_copy(other, None)
+    assert not files.wants_guest_copy(other) and files.module_for(other) is None
 
 
 @pytest.mark.parametrize("flags", [SHARED, ("-O2", "-static", "-g")], ids=["shared", "static"])

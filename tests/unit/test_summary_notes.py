@@ -44,6 +44,6 @@ def test_failed_reads_of_process_maps_and_guest_files_are_one_note() -> None:
     assert maps_problems(None) == [] and maps_problems(MapsStats(walks=40, reads=300)) == []
     stats = MapsStats(walks=40, failed=3, images=5, images_failed=2)
     assert maps_problems(stats) == [
-        "process maps: 3 of 40 walks of a process's maps failed; 2 of 5 files with no host "
-        "copy could not be read from the guest"
+        "process maps: 3 of 40 walks of a process's maps failed; 2 of 5 reads of files with "
+        "no host copy found nothing in the guest"
     ]

@@ -1,6 +1,7 @@
 /* A dynamically linked PIE, built like a stock distro program (-fPIE -pie -O2 -g
  * -fomit-frame-pointer: only CFI unwinds it), spending its time in libc and in
- * libqmpwork.so.1, forever, CPU-bound and deterministic (a fixed seed, no sleeping):
+ * libqmpwork.so.1, CPU-bound and deterministic (a fixed seed, no sleeping), forever or,
+ * given a number (spawner.c's children), that many rounds of its loop:
  *   main -> dyn_loop -> dyn_sort   -> qsort (libc) -> compare_keys -> key_weight
  *                    -> dyn_copy   -> memcpy (libc)
  *                    -> dyn_format -> snprintf (libc)
@@ -68,9 +69,9 @@ __attribute__((noinline)) static void dyn_format(uint64_t seed) {
                                    (unsigned long long)(seed + (uint64_t)i), (double)i / 7.0);
 }
 
-__attribute__((noreturn, noinline)) static void dyn_loop(void) {
+__attribute__((noinline)) static void dyn_loop(long rounds) {
     uint64_t state = 1;
-    for (;;) {
+    for (long round = 0; rounds <= 0 || round < rounds; round++) {
         dyn_sort(&state);
         dyn_copy();
         dyn_format(state);
@@ -79,8 +80,9 @@ __attribute__((noreturn, noinline)) static void dyn_loop(void) {
     }
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     if (getenv("QMPPROF_STOP_IN_MAIN") != NULL)
         raise(SIGSTOP);
-    dyn_loop();
+    dyn_loop(argc > 1 ? strtol(argv[1], NULL, 10) : 0);
+    return 0;
 }
