@@ -18,6 +18,8 @@ from qmpprof.profile import Profile
 from qmpprof.visible import visible
 
 SHOWN_FRAMES = 8
+#: Processes the summary names, busiest first; the rest are counted.
+SUMMARY_PROCESSES = 12
 
 
 def render_summary(
@@ -123,10 +125,15 @@ def _modes_line(profile: Profile) -> str:
 
 
 def _processes_line(profile: Profile) -> str:
+    """The busiest SUMMARY_PROCESSES processes, then how many more and their share (a
+    guest that forks and execs has one label per pid: hundreds in a few seconds)."""
     total = sum(profile.processes.values()) or 1
-    parts = [
-        f"{visible(label)} {100 * n / total:.1f}%" for label, n in profile.processes.most_common()
-    ]
+    ranked = profile.processes.most_common()
+    shown, rest = ranked[:SUMMARY_PROCESSES], ranked[SUMMARY_PROCESSES:]
+    parts = [f"{visible(label)} {100 * n / total:.1f}%" for label, n in shown]
+    if rest:
+        share = 100 * sum(n for _, n in rest) / total
+        parts.append(f"{len(rest)} more {share:.1f}%")
     return "processes: " + ", ".join(parts)
 
 

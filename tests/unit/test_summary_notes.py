@@ -10,7 +10,7 @@ from rich.console import Console
 
 from qmpprof.commands.common import TargetOptions, build_analyzer, cfi_problems
 from qmpprof.commands.record import maps_problems
-from qmpprof.console.summary import render_summary
+from qmpprof.console.summary import SUMMARY_PROCESSES, render_summary
 from qmpprof.model import RecordStats
 from qmpprof.profile import Profile
 from qmpprof.record.process_maps import MapsStats
@@ -47,3 +47,18 @@ def test_failed_reads_of_process_maps_and_guest_files_are_one_note() -> None:
         "process maps: 3 of 40 walks of a process's maps failed; 2 of 5 reads of files with "
         "no host copy found nothing in the guest"
     ]
+
+
+def test_a_guest_that_forks_and_execs_gets_its_busiest_processes_and_a_count() -> None:
+    """One label per pid: a shell loop's hundreds of `true` processes are counted, not
+    listed; the busiest come first, with their shares."""
+    profile = Profile()
+    profile.processes.update({"gzip (133)": 300, "perl (134)": 200})
+    profile.processes.update({f"true ({pid})": 1 for pid in range(1000, 1500)})
+    console = Console(record=True, width=200)
+    render_summary(profile, RecordStats(), console, [], limit=1)
+    lines = [line for line in console.export_text().splitlines() if "processes:" in line]
+    assert len(lines) == 1 and lines[0].startswith("processes: gzip (133) 30.0%, perl (134) 20.0%")
+    rest = 500 - (SUMMARY_PROCESSES - 2)
+    assert lines[0].count("true (") == SUMMARY_PROCESSES - 2
+    assert lines[0].endswith(f", {rest} more {rest / 10:.1f}%")
