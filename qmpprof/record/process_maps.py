@@ -11,13 +11,13 @@ vCPU's page tables (the kernel half is in every process's; the build-ids are in 
 process's own half, so another process's task would get a wrong build-id). It returns a
 tuple of FileMapping sorted by start, () for a task without an mm (a kernel thread,
 which runs on a borrowed CR3: never kept; a process past exit_mm, whose samples in its
-exit still have its user frames, keeps the maps it had), or None when no walk of that address space
-has succeeded yet. It returns () too when the vCPU is in the middle of a context switch
-(CR3 already holds another mm's page tables than `task`'s: mm->pgd, through the direct
-map, is not CR3's): the files' pages would be read in the wrong process, so nothing is
-read or kept (`stats.switching`), and the task's user frames stay unnamed. Raises only
-what the memory backend raises (a QMP session's errors); a fault in guest memory ends
-the walk and is counted, never raised.
+exit still have its user frames, keeps the maps it had), or None when no walk of that
+address space has succeeded yet. It returns () too when the vCPU is in the middle of a
+context switch (CR3 already holds another mm's page tables than `task`'s: mm->pgd,
+through the direct map, is not CR3's): the files' pages would be read in the wrong
+process, so nothing is read or kept (`stats.switching`), and the task's user frames
+stay unnamed. Raises only what the memory backend raises (a QMP session's errors); a
+fault in guest memory ends the walk and is counted, never raised.
 
 Maps are kept per address space: CR3 without its PCID bits, and `process` (the tgid,
 which the caller has from the adapter's label) when given, since a freed page directory
@@ -31,8 +31,7 @@ not for a page of code walks found nothing at already (an exec's samples still h
 the registers of the program that called execve); beyond that, and after a walk that
 found the task mid context switch, once per REREAD_INTERVAL_S; on an injected clock. A
 walk that fails is tried again at once (WALK_TRIES). With page-table isolation an
-address space has two CR3s
-(user and kernel): each is kept on its own.
+address space has two CR3s (user and kernel): each is kept on its own.
 
 Memory is read by whole pages and kept for one walk, so the VMAs of one slab page cost
 one read. `stats` counts walks, failed walks and reads.
