@@ -40,8 +40,9 @@ one read. `stats` counts walks, failed walks and reads.
 from __future__ import annotations
 
 import time
+from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from qmpprof.guest.adapter import OsAdapter
 from qmpprof.guest.kernel_types import KernelTypes
@@ -183,6 +184,11 @@ class _Known:
     #: CR3's, so that a vCPU seen mid context switch (or a nonblocking sample whose task
     #: changed after its registers were read) does not walk the maps at every sample.
     switching: bool = False
+    #: Each executable range's start, for _in_code's search.
+    starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.starts = tuple(start for start, _ in self.executable)
 
 
 class ProcessMaps:
@@ -328,6 +334,7 @@ class ProcessMaps:
         if sources is None and self._page_cache is not None:
             return False  # wait for a walk that has their VMAs: a copy would lack pages
         space = registers.cr3 & _CR3_ADDRESS
+        file_memory = self._file_memory(registers)
         for mapping, source in zip(maps, sources or (None,) * len(maps), strict=True):
             key = (mapping.path, mapping.build_id)
             if self._copy_tried_in.get(key) == space or not files.wants_guest_copy(mapping):
@@ -335,8 +342,8 @@ class ProcessMaps:
             if source is None and mapping.build_id is None:
                 continue  # the vDSO before its process touched it: nothing to read yet
             memory = self._memory
-            if source is not None and self._page_cache is not None:
-                memory = FileBackedMemory(memory, registers.vcpu, source, self._page_cache)
+            if source is not None and file_memory is not None:
+                memory = file_memory(source)
             before = self._page_cache.pages if self._page_cache else 0
             module, whole = await self._guest_copy(memory, registers.vcpu, mapping)
             self.stats.cached_pages += (self._page_cache.pages if self._page_cache else 0) - before
@@ -456,8 +463,11 @@ def _given(
 
 def _in_code(known: _Known, pc: int) -> bool:
     """Whether `pc` lies in an executable range the walk found (or just past one: a
-    return address after a mapping's last call)."""
-    return any(start <= pc <= end for start, end in known.executable)
+    return address after a mapping's last call). The ranges are VMAs, by start: the one
+    that starts last at or below `pc` is the only one that can hold it (this runs for
+    every user frame of every sample)."""
+    at = bisect_right(known.starts, pc) - 1
+    return at >= 0 and pc <= known.executable[at][1]
 
 
 def _with_missed(known: _Known, pcs: Sequence[int], before: _Known | None) -> _Known:
