@@ -107,7 +107,7 @@ async def _record(
 
     def analyse(captured: CapturedSample) -> None:
         collector.add_captured(captured)
-        if collector.coverage.mismatched:
+        if collector.coverage.mismatched:  # only a --kernel given: fails after writing
             stop.set()
 
     backlog = Backlog(analyse)
@@ -253,6 +253,7 @@ def _finish(
                 *cfi_problems(collector.analyzer, False),
                 *file_problems(collector.analyzer),
                 *maps_problems(collector.maps_stats),
+                *collector.symbol_problems(),
             ],
             kernel=_placement(collector.analyzer),
             host=host.line if host is not None else None,

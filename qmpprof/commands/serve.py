@@ -116,6 +116,9 @@ class _Vm:
     target: TargetOptions
     #: When the scrape under way ends (time.monotonic); None when idle.
     busy_until: float | None = None
+    #: Whether the log has said that this VM's kernel-mode PCs go unnamed (said once:
+    #: a scraper asks again every few seconds).
+    told_unnamed: bool = False
 
     def state(self) -> str:
         if self.busy_until is None:
@@ -236,7 +239,7 @@ async def scrape(
 
     def analyse(captured: CapturedSample) -> None:
         collector.add_captured(captured)
-        if collector.coverage.mismatched:
+        if collector.coverage.mismatched:  # only a --kernel given: answered 500
             stop.set()
 
     backlog = Backlog(analyse)
@@ -248,6 +251,7 @@ async def scrape(
             session, capturer, config, stop, backlog.add, None, backlog.work_until
         )
         backlog.work_until(None)
+    _tell_unnamed(vm, collector, notice)
     kernel = vm.target.kernel
     recording = Recording(
         started=started,
@@ -263,6 +267,15 @@ async def scrape(
     if collector.coverage.mismatched and kernel is not None:
         mismatch = collector.coverage.describe(str(kernel))
     return Scraped(collector, stats, recording, mismatch)
+
+
+def _tell_unnamed(vm: _Vm, collector: Collector, notice: Callable[[str], None]) -> None:
+    """Log, the first time, that this VM's kernel-mode PCs go unnamed for want of a
+    --kernel (the profile has them as addresses)."""
+    for line in collector.symbol_problems():
+        if not vm.told_unnamed:
+            notice(f"{line} (said at its first scrape only)")
+        vm.told_unnamed = True
 
 
 def _prefixed(log: Callable[[str], None], name: str) -> Callable[[str], None]:

@@ -11,7 +11,8 @@ import tty
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from qmpprof.commands.common import TargetOptions, build_analyzer
+from qmpprof.analysis import Analyzer
+from qmpprof.commands.common import TargetOptions, build_analyzer, say_on_stderr
 from qmpprof.commands.connect import connected
 from qmpprof.commands.record import stop_on_signals
 from qmpprof.console import Console, say
@@ -21,7 +22,9 @@ from qmpprof.errors import QmpprofError
 from qmpprof.model import CapturedSample, RecordStats
 from qmpprof.record.backlog import Backlog
 from qmpprof.record.sampler import LoopConfig, sample_loop
+from qmpprof.symbols.coverage import KernelCoverage
 from qmpprof.top_stats import SortKey, TopStats
+from qmpprof.visible import visible
 
 
 @dataclass(frozen=True)
@@ -37,16 +40,17 @@ class TopOptions:
 async def run_top(options: TopOptions, out: Console) -> None:
     """Sample and redraw about once a second until q, a signal, or QEMU exits.
 
-    Raises QmpprofError when sampling ended on its own (QEMU exited, commands kept
-    failing), once the terminal is restored."""
+    Once the terminal is restored, says on stderr what no symbols named (no --kernel
+    for a guest whose memory gives none), then raises QmpprofError when sampling ended
+    on its own (QEMU exited, commands kept failing)."""
     analyzer = build_analyzer(options.target)
     stats = TopStats(process_filter=options.process, show_idle=options.include_idle)
     state = ViewState()
     stop = asyncio.Event()
     record = RecordStats()
-
+    analysis = _Analysis(analyzer, stats)
     # As in record: analysis waits for the time between ticks and never delays one.
-    backlog = Backlog(lambda captured: stats.add(analyzer.symbolize(captured)))
+    backlog = Backlog(analysis.add)
 
     def on_samples(captured: list[CapturedSample]) -> None:
         stats.count_tick()
@@ -74,8 +78,45 @@ async def run_top(options: TopOptions, out: Console) -> None:
                 # before the session closes.
                 stop.set()
                 ended = await sampler
+    analysis.tell()
     if ended.ended_by is not None:
         raise QmpprofError(f"top stopped: {ended.ended_by} ({ended.ticks} ticks)")
+
+
+class _Analysis:
+    """Symbolizes each sample into the view, counting what the view does not show: the
+    kernel-mode PCs no symbol names, and samples that could not be analysed."""
+
+    def __init__(self, analyzer: Analyzer, stats: TopStats) -> None:
+        self.analyzer = analyzer
+        self.stats = stats
+        self.coverage = KernelCoverage(
+            kernel_bits=analyzer.kernel_bits, kernel_given=analyzer.kernel is not None
+        )
+        self.unanalysed = 0
+        self.last_error = ""
+
+    def add(self, captured: CapturedSample) -> None:
+        try:
+            sample = self.analyzer.symbolize(captured)
+        except Exception as err:  # a bad sample is data: it must not end the view
+            self.unanalysed += 1
+            self.last_error = f"{type(err).__name__}: {err}"
+            return
+        self.stats.add(sample)
+        self.coverage.kernel_bits = self.analyzer.kernel_bits  # a kernel read once connected
+        self.coverage.add(sample)
+
+    def tell(self) -> None:
+        """Once the view is gone: one line each on stderr for what it could not show."""
+        lines = [self.coverage.unnamed_line(self.analyzer.kernel is not None)]
+        if self.unanalysed:
+            error = visible(self.last_error)
+            lines.append(f"samples that could not be analysed: {self.unanalysed} (last: {error})")
+        for line in lines:
+            if line is not None:
+                with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP)
+                    say_on_stderr(line)
 
 
 @contextlib.contextmanager

@@ -70,11 +70,13 @@ class Serve:
 
 
 @contextmanager
-def serving(vms: dict[str, str], kernel: Path, *extra: str) -> Iterator[Serve]:
-    """`qmpprof serve` on a free port for `vms` (name → QMP socket), stopped with SIGTERM
-    when the block ends (and killed if that does not end it)."""
+def serving(vms: dict[str, str], kernel: Path | None, *extra: str) -> Iterator[Serve]:
+    """`qmpprof serve` on a free port for `vms` (name → QMP socket), with `kernel` as
+    --kernel (none given when None), stopped with SIGTERM when the block ends (and
+    killed if that does not end it)."""
     specs = [arg for name, qmp in vms.items() for arg in ("--vm", f"{name}={qmp}")]
-    command = [sys.executable, "-m", "qmpprof", "serve", *specs, "--kernel", str(kernel)]
+    given = ["--kernel", str(kernel)] if kernel is not None else []
+    command = [sys.executable, "-m", "qmpprof", "serve", *specs, *given]
     process = subprocess.Popen(
         [*command, "--listen", "127.0.0.1:0", *extra],
         stdout=subprocess.DEVNULL,
