@@ -18,7 +18,7 @@ from qmpprof.commands.record import stop_on_signals
 from qmpprof.console import Console, say
 from qmpprof.console.top import ViewState, live_screen, plain_snapshot, render
 from qmpprof.defaults import DEFAULT_RATE_HZ
-from qmpprof.errors import QmpprofError
+from qmpprof.errors import KernelMismatch, QmpprofError
 from qmpprof.model import CapturedSample, RecordStats
 from qmpprof.record.backlog import Backlog
 from qmpprof.record.sampler import LoopConfig, sample_loop
@@ -42,13 +42,14 @@ async def run_top(options: TopOptions, out: Console) -> None:
 
     Once the terminal is restored, says on stderr what no symbols named (no --kernel
     for a guest whose memory gives none), then raises QmpprofError when sampling ended
-    on its own (QEMU exited, commands kept failing)."""
+    on its own (QEMU exited, commands kept failing), or KernelMismatch when the
+    --kernel given does not match the guest (which ends the view)."""
     analyzer = build_analyzer(options.target)
     stats = TopStats(process_filter=options.process, show_idle=options.include_idle)
     state = ViewState()
     stop = asyncio.Event()
     record = RecordStats()
-    analysis = _Analysis(analyzer, stats)
+    analysis = _Analysis(analyzer, stats, stop)
     # As in record: analysis waits for the time between ticks and never delays one.
     backlog = Backlog(analysis.add)
 
@@ -81,15 +82,19 @@ async def run_top(options: TopOptions, out: Console) -> None:
     analysis.tell()
     if ended.ended_by is not None:
         raise QmpprofError(f"top stopped: {ended.ended_by} ({ended.ticks} ticks)")
+    if analysis.coverage.mismatched and options.target.kernel is not None:
+        raise KernelMismatch(analysis.coverage.describe(str(options.target.kernel)))
 
 
 class _Analysis:
     """Symbolizes each sample into the view, counting what the view does not show: the
-    kernel-mode PCs no symbol names, and samples that could not be analysed."""
+    kernel-mode PCs no symbol names, and samples that could not be analysed. Sets `stop`
+    when a --kernel given does not match the guest (KernelCoverage.mismatched)."""
 
-    def __init__(self, analyzer: Analyzer, stats: TopStats) -> None:
+    def __init__(self, analyzer: Analyzer, stats: TopStats, stop: asyncio.Event) -> None:
         self.analyzer = analyzer
         self.stats = stats
+        self.stop = stop
         self.coverage = KernelCoverage(
             kernel_bits=analyzer.kernel_bits, kernel_given=analyzer.kernel is not None
         )
@@ -106,6 +111,8 @@ class _Analysis:
         self.stats.add(sample)
         self.coverage.kernel_bits = self.analyzer.kernel_bits  # a kernel read once connected
         self.coverage.add(sample)
+        if self.coverage.mismatched:
+            self.stop.set()
 
     def tell(self) -> None:
         """Once the view is gone: one line each on stderr for what it could not show."""

@@ -29,6 +29,7 @@ from tests.integration.test_top_tmux import (
     wait_for_exit,
     wait_for_session_text,
 )
+from tests.unit.conftest import build_elf
 
 SECONDS = 2
 RATE = 50
@@ -158,3 +159,21 @@ def test_memtest86_without_symbols_is_recorded_for_its_duration(
     record_unnamed(memtest, output, "--idle")
     frames = address_frames(output)
     assert frames and all(_ADDRESS.match(frame) for frame in frames), frames
+
+
+def test_top_with_a_kernel_that_is_not_the_guests_ends_with_one_line(
+    guest: Guest, workdir: Path
+) -> None:
+    """The contrast: a --kernel given that names none of the guest's PCs ends the view by
+    itself (as it ends `record`), with the error and a non-zero exit."""
+    needs_tmux()
+    wrong = build_elf("symbols.c", workdir, "-O1")
+    session = "qmpprof-top-wrong-kernel"
+    command = qmpprof_command("top", "--qmp-socket", guest.qmp, "--kernel", str(wrong))
+    with in_tmux(session, command, workdir, keep_stderr=True) as pid:
+        wait_for_exit(pid, 60)
+    assert (workdir / "status").read_text().strip() == "1"
+    lines = (workdir / "stderr").read_text().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("qmpprof: error: "), lines
+    assert f"{wrong} does not match the guest" in lines[0]
+    assert guest.status() == "running"

@@ -4,6 +4,7 @@ is gone, and a sample that cannot be analysed is counted, never the end of the v
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,7 @@ class FailingOnKernelSamples(Analyzer):
 def test_no_kernel_given_is_said_once_the_view_is_gone(
     captured: list[CapturedSample], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    analysis = _Analysis(build_analyzer(TargetOptions("", None)), TopStats())
+    analysis = _Analysis(build_analyzer(TargetOptions("", None)), TopStats(), asyncio.Event())
     for sample in captured:
         analysis.add(sample)
     assert capsys.readouterr().err == ""
@@ -56,7 +57,7 @@ def test_no_kernel_given_is_said_once_the_view_is_gone(
 def test_the_guests_kernel_says_nothing(
     captured: list[CapturedSample], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    analysis = _Analysis(guest_setup.guest_analyzer(), TopStats())
+    analysis = _Analysis(guest_setup.guest_analyzer(), TopStats(), asyncio.Event())
     for sample in captured:
         analysis.add(sample)
     analysis.tell()
@@ -68,7 +69,9 @@ def test_a_sample_that_cannot_be_analysed_is_counted(
 ) -> None:
     guest = guest_setup.guest_analyzer()
     analysis = _Analysis(
-        FailingOnKernelSamples(guest.kernel, guest.users, guest.adapter), TopStats()
+        FailingOnKernelSamples(guest.kernel, guest.users, guest.adapter),
+        TopStats(),
+        asyncio.Event(),
     )
     for sample in captured:
         analysis.add(sample)  # never raises
@@ -78,3 +81,17 @@ def test_a_sample_that_cannot_be_analysed_is_counted(
     assert capsys.readouterr().err == (
         f"qmpprof: samples that could not be analysed: {kernel} (last: ValueError: no such frame)\n"
     )
+
+
+def test_a_kernel_given_that_is_not_the_guests_ends_the_view(
+    captured: list[CapturedSample],
+) -> None:
+    wrong = build_analyzer(TargetOptions("", guest_setup.USER_DIR / "crunch.elf"))
+    unknown = build_analyzer(TargetOptions("", None))
+    for analyzer, ends in ((wrong, True), (unknown, False), (guest_setup.guest_analyzer(), False)):
+        stop = asyncio.Event()
+        analysis = _Analysis(analyzer, TopStats(), stop)
+        analysis.coverage.min_samples = 5  # the fixture holds 10 kernel-mode samples
+        for sample in captured:
+            analysis.add(sample)
+        assert stop.is_set() == ends == analysis.coverage.mismatched
