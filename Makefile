@@ -6,15 +6,20 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-APT_PACKAGES := qemu-system-x86 gdb gcc make binutils python3-venv tmux dwarves debuginfod libarchive-tools linux-perf libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-clients-qemu
+#: What `make demo` needs (QEMU, a C toolchain: gcc -static for the Linux guest's programs,
+#: a venv), the commands that tell they are there; the tests need the rest as well.
+DEMO_APT_PACKAGES := qemu-system-x86 gcc libc6-dev make binutils python3-venv
+DEMO_TOOLS := qemu-system-x86_64 gcc make ld readelf
+APT_PACKAGES := $(DEMO_APT_PACKAGES) gdb tmux dwarves debuginfod libarchive-tools linux-perf libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-clients-qemu
+TOOLS := $(DEMO_TOOLS) gdb tmux pahole debuginfod bsdtar perf libvirtd virsh virt-qemu-qmp-proxy
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help demo test unit integration fuzz bench kaslr-bench serve-soak lint format deps system-deps guest linux-guest linux-oracle i386-oracle consumers clean
+.PHONY: help demo test unit integration fuzz bench kaslr-bench serve-soak lint format deps demo-deps system-deps demo-system-deps guest linux-guest linux-oracle i386-oracle consumers clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-demo: deps guest $(if $(filter linux,$(GUEST)),linux-guest)  ## boot the example guest (ARCH=i386: its 32-bit build; GUEST=linux: Debian's kernel), profile it 10 s, write demo/, print the hottest stacks
+demo: demo-deps $(if $(filter linux,$(GUEST)),,guest)  ## boot the example guest (ARCH=i386: its 32-bit build; GUEST=linux: Debian's kernel, ~75 MB fetched once), profile it 10 s, write demo/, print the hottest stacks
 	@PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/demo.sh
 
 test: deps guest linux-guest consumers  ## run every test (unit, consumers, integration against a real QEMU)
@@ -76,21 +81,33 @@ format: deps  ## reformat the code with ruff
 # Bytecode for qmpprof's own modules, as `pip install` writes it for an installed
 # package: an editable install has none, and where PYTHONDONTWRITEBYTECODE is set Python
 # never writes it, so every `qmpprof` process compiled the whole package again (0.25 s of
-# a 0.6 s `dump`). compileall rewrites only what changed.
+# a 0.6 s `dump`). compileall rewrites only what changed. demo-deps is the same with the
+# demo's Debian packages only (deps, for the tests, installs all of them).
 deps: system-deps $(STAMP)
 	@$(BIN)/python -m compileall -q qmpprof
+demo-deps: demo-system-deps $(STAMP)
+	@$(BIN)/python -m compileall -q qmpprof
 
-system-deps:  ## install QEMU, GDB, a C toolchain and a debuginfod server (tests) from Debian's packages if missing
+# apt_install TOOLS,PACKAGES: install PACKAGES from Debian's archive unless each of TOOLS
+# is on PATH and Python has venv.
+define apt_install
 	@missing=""; \
-	for tool in qemu-system-x86_64 gdb gcc make ld tmux pahole debuginfod bsdtar perf libvirtd virsh virt-qemu-qmp-proxy; do \
+	for tool in $(1); do \
 	  command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; \
 	done; \
 	$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages for:$$missing"; \
 	  $(SUDO) apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(2) >/dev/null; \
 	fi
+endef
+
+system-deps:  ## install QEMU, GDB, a C toolchain and a debuginfod server (tests) from Debian's packages if missing
+	$(call apt_install,$(TOOLS),$(APT_PACKAGES))
+
+demo-system-deps:  ## install what `make demo` needs only (QEMU, gcc, make, binutils, python3-venv) if missing
+	$(call apt_install,$(DEMO_TOOLS),$(DEMO_APT_PACKAGES))
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

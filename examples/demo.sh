@@ -5,7 +5,9 @@
 # GUEST=linux boots Debian's kernel (examples/linux, KASLR on, 2 vCPUs; KERNEL_ABI picks
 # the kernel) with its workloads instead, and profiles kernel and user space together
 # with no kernel file and no sysroot: the kernel is read from the guest's memory, libc
-# from its processes' (only the example's own static programs are given, with --user).
+# from its processes' (only the example's own programs are given, with --user). So it
+# fetches no debug file either (boot.sh --demo): the kernel's image and libc6, ~75 MB
+# once into ~/.cache/qmpprof ($QMPPROF_CACHE), not the tests' -dbg packages.
 # ARCH=i386 boots the 32-bit build of the example guest instead (protected mode, PAGING=2level
 # or pae) with its processes on two vCPUs (WORKLOAD=user unless given).
 # DURATION (seconds, 10) and DEMO_OUT (the output directory, demo) change the defaults.
@@ -27,20 +29,20 @@ if [[ $GUEST == linux ]]; then
     declare -A linux
     while IFS='=' read -r key value; do
         linux[$key]=$value
-    done < <(examples/linux/boot.sh --qmp "$out/qmp.sock" --serial "$out/serial.log" --smp 2 \
-                 --workloads crunch,sysloop,pinned,dynwork ${KERNEL_ABI:+--abi "$KERNEL_ABI"})
+    done < <(examples/linux/boot.sh --demo --qmp "$out/qmp.sock" --serial "$out/serial.log" \
+                 --smp 2 --workloads crunch,sysloop,pinned,dynwork ${KERNEL_ABI:+--abi "$KERNEL_ABI"})
     trap 'examples/linux/boot.sh stop "${linux[pid]}"' EXIT
     echo "guest running (QEMU pid ${linux[pid]}); profiling for $DURATION s with no kernel file"
     echo "and no sysroot: the kernel's symbols, ORC and BTF come from the guest's memory..."
     users=()
     # The dynamically linked programs are built per release (a 5.10 guest's against its
-    # own libc, in build/bullseye/): the flavour is where the guest's sysroot is.
+    # own libc, in build/bullseye/demo/): the flavour is where the guest's sysroot is.
     flavour=$(dirname "${linux[sysroot]}")
     for workload in examples/linux/workloads/*.c; do
         name=$(basename "$workload" .c)
         program=examples/linux/build/$name
         [[ -x $flavour/$name ]] && program=$flavour/$name
-        # Programs only (qmpwork.c is libqmpwork.so.1's source, found through --sysroot).
+        # Programs only (qmpwork.c is libqmpwork.so.1's source: read from the guest, as libc).
         [[ -x $program ]] && users+=(--user "$program")
         [[ $name == crunch ]] && users+=(--user examples/linux/build/crunchnofp)
     done

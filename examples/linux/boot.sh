@@ -5,6 +5,7 @@
 #   boot.sh --qmp SOCKET [--gdb SOCKET|PORT] [--smp N] [--serial LOG] [--timeout SEC]
 #           [--nokaslr] [--abi ABI] [--extra-qmp SOCKET] [--workloads a,b]
 #           [--memory-backend PATH] [--append 'KERNEL ARGS'] [--ram SIZE] [--cpu MODEL]
+#           [--demo]
 #   boot.sh stop PID
 #
 # --append adds kernel command-line arguments (e.g. 'pti=on').
@@ -15,12 +16,16 @@
 # --mem-path PATH maps to read guest memory without system calls.
 # --abi picks the kernel (default $KERNEL_ABI, else fetch.sh's first; `fetch.sh --list`),
 # and so the initramfs: bullseye's kernel boots build/bullseye/'s, with bullseye's libc.
+# --demo fetches and builds only what `make demo` boots (fetch.sh --demo): the kernel's
+# vmlinuz, no debug vmlinux (kernel= is empty unless cached), and build/demo/'s initramfs
+# (build/bullseye/demo/'s), from libc6 alone: its sysroot has no debug files.
 # --gdb opens QEMU's gdbstub on a unix socket, or on a TCP port of 127.0.0.1 if a number.
 # On success prints, one per line on stdout:
 #   pid=<QEMU pid> kernel=<debug vmlinux> vmlinuz=<boot image> abi=<ABI> qmp=<socket>
 #   gdb=<socket, 127.0.0.1:PORT or empty> serial=<log> accel=tcg
 #   initramfs=<the cpio booted> sysroot=<its files as qmpprof --sysroot takes them>
-# Everything else (make, downloads, diagnostics) goes to stderr.
+# Everything else (make, downloads, diagnostics) goes to stderr. The cache is
+# $QMPPROF_CACHE, else ~/.cache/qmpprof.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -39,7 +44,7 @@ if [[ ${1:-} == stop ]]; then  # the example guest's stop: SIGTERM, then SIGKILL
 fi
 
 qmp='' extra_qmp='' gdb='' smp=2 serial='' timeout=120 kaslr='' abi='' workloads=''
-membackend='' append='' cpu=''
+membackend='' append='' cpu='' demo=''
 while [[ $# -gt 0 ]]; do
     case $1 in
         --qmp) qmp=${2:?--qmp needs a value}; shift 2 ;;
@@ -55,7 +60,8 @@ while [[ $# -gt 0 ]]; do
         --append) append=${2:?--append needs a value}; shift 2 ;;
         --ram) MEMORY=${2:?--ram needs a value}; shift 2 ;;
         --cpu) cpu=${2:?--cpu needs a value}; shift 2 ;;
-        -h|--help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
+        --demo) demo=--demo; shift ;;
+        -h|--help) sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
         *) die "unknown argument '$1'" ;;
     esac
 done
@@ -71,17 +77,21 @@ qmp=$(realpath -m -- "$qmp")
 gdb_endpoint
 serial=$(realpath -m -- "${serial:-${qmp%.sock}-serial.log}")
 
-mkdir -p "$HERE/build"
-flock "$HERE/build/.make.lock" make -s -C "$HERE" >&2 || die "building the initramfs failed"
 cache=${QMPPROF_CACHE:-$HOME/.cache/qmpprof}
 mkdir -p "$cache"
+# The kernel first: the initramfs holds modules of each kernel whose .deb is cached.
 declare -A kernel  # several boot.sh may run at once: one fetch at a time
 while IFS='=' read -r key value; do kernel[$key]=$value; done < <(
-    flock "$cache/.fetch.lock" "$HERE/fetch.sh" $abi)
+    flock "$cache/.fetch.lock" "$HERE/fetch.sh" ${demo:+"$demo"} ${abi:+"$abi"})
 [[ -n ${kernel[vmlinuz]:-} ]] || die "fetch.sh found no kernel"
 # The kernel's release (fetch.sh's release=, empty for the host's) picks the flavour:
-# an older release's guest runs that release's libc, in build/RELEASE/.
-flavour=$HERE/build${kernel[release]:+/${kernel[release]}}
+# an older release's guest runs that release's libc, in build/RELEASE/ (the demo's in
+# its demo/). Without --demo make builds every flavour but the demo's, as the tests use.
+flavour=build${kernel[release]:+/${kernel[release]}}${demo:+/demo}
+mkdir -p "$HERE/build"
+flock "$HERE/build/.make.lock" make -s -C "$HERE" ${demo:+"$flavour/initramfs.cpio"} >&2 ||
+    die "building the initramfs failed"
+flavour=$HERE/$flavour
 [[ -f $flavour/initramfs.cpio ]] || die "no $flavour/initramfs.cpio (make -C $HERE)"
 
 pidfile=$(mktemp "${TMPDIR:-/tmp}/qmpprof-linux.XXXXXX")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fetch Debian's kernel and its debug vmlinux for the Linux example guest, once per
-# machine: `apt-get download` into ~/.cache/qmpprof/debian, the two files extracted to
-# ~/.cache/qmpprof/linux/ABI/{vmlinuz,vmlinux}. Skips whatever is cached already.
+# machine: `apt-get download` into ~/.cache/qmpprof/debian ($QMPPROF_CACHE/debian), the
+# two files extracted to ~/.cache/qmpprof/linux/ABI/{vmlinuz,vmlinux}. Skips whatever is
+# cached already; says one line per download (`fetch.sh: downloading PACKAGE (N MB)...`).
 #
 #   fetch.sh [ABI]     ABI defaults to $KERNEL_ABI, else the first of KERNELS (bookworm)
 #   fetch.sh --all     every kernel in KERNELS (the ones the tests boot)
@@ -15,6 +16,13 @@
 #                      With an ABI of the older release: that release's newest libc6
 #                      (its guests run their own release's user space), no second one,
 #                      and libc6-dev's tree to build our programs against it
+#   fetch.sh --demo [ABI], fetch.sh --demo --libc [ABI]
+#                      only what `make demo` boots (it profiles with no kernel file and
+#                      no debug files): the kernel's vmlinuz, no -dbg package (vmlinux=
+#                      says the debug vmlinux only if it is cached already); libc6 alone,
+#                      in ~/.cache/qmpprof/sysroot/libc6-nodbg_VERSION/, no libc6-dbg and
+#                      no second version (the older release's libc6-dev tree still: its
+#                      programs are built against it)
 #
 # A kernel only bookworm-backports has (6.12) makes it add that archive to apt's sources
 # once (NotAutomatic there: `apt-get upgrade` still takes nothing from it). One of an older
@@ -38,6 +46,11 @@ OLD_SUITES=("debian $OLD_RELEASE main" "debian-security $OLD_RELEASE-security ma
 cache=${QMPPROF_CACHE:-$HOME/.cache/qmpprof}
 debs=$cache/debian
 SUDO=$([[ $(id -u) == 0 ]] || echo sudo)
+DEMO=''  # --demo: no debug packages, no second libc
+# apt's downloads into the cache run as root where we are root: its sandbox user, _apt,
+# may not write there (under /root), and apt says so in a warning each time.
+SANDBOX=()
+[[ $(id -u) != 0 ]] || SANDBOX=(-o APT::Sandbox::User=root)
 
 # release ABI: OLD_RELEASE if kernel ABI is that release's, else nothing (the host's).
 release() {
@@ -81,14 +94,14 @@ release_apt() {
         set -- $suite
         echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/$1 $2 $3"
     done >"$dir/sources.list"
-    apt-get "${APT[@]}" update -qq >&2
+    apt-get "${APT[@]}" "${SANDBOX[@]}" update -qq >&2
     date >"$dir/lists/.updated"
 }
 
 # deb PACKAGE [VERSION]: the path of PACKAGE's .deb in the cache, downloaded if missing;
 # from OLD_RELEASE's lists when OLD=1.
 deb() {
-    local found pattern=$debs/$1_${2:+${2/:/%3a}_}*.deb wanted=$1${2:+=$2}
+    local found size pattern=$debs/$1_${2:+${2/:/%3a}_}*.deb wanted=$1${2:+=$2}
     found=$(compgen -G "$pattern" | head -n 1 || true)
     if [[ -z $found ]]; then
         release_apt
@@ -99,8 +112,10 @@ deb() {
         fi
         apt-cache "${APT[@]}" show "$wanted" >/dev/null 2>&1 ||
             { echo "fetch.sh: Debian has no package $wanted (try KERNEL_ABI=... of a current kernel)" >&2; exit 1; }
-        echo "fetch.sh: downloading $wanted into $debs" >&2
-        (cd "$debs" && apt-get "${APT[@]}" download -q "$wanted" >&2)
+        size=$(apt-cache "${APT[@]}" show --no-all-versions "$wanted" 2>/dev/null |
+            awk '/^Size:/ {printf "%.0f", $2 / 1e6; exit}')
+        echo "fetch.sh: downloading $wanted (${size:-?} MB)..." >&2
+        (cd "$debs" && apt-get "${APT[@]}" "${SANDBOX[@]}" download -qq "$wanted" >&2)
         found=$(compgen -G "$pattern" | head -n 1)
     fi
     echo "$found"
@@ -117,12 +132,12 @@ fetch() {
         package=$(deb "linux-image-$abi-unsigned")  # set -e: a failed download ends here
         extract "$package" "./boot/vmlinuz-$abi" "$out/vmlinuz"
     fi
-    if [[ ! -s $out/vmlinux ]]; then
+    if [[ ! -s $out/vmlinux && -z $DEMO ]]; then
         package=$(deb "linux-image-$abi-dbg")
         extract "$package" "./usr/lib/debug/boot/vmlinux-$abi" "$out/vmlinux"
     fi
     echo "vmlinuz=$out/vmlinuz"
-    echo "vmlinux=$out/vmlinux"
+    echo "vmlinux=$([[ ! -s $out/vmlinux ]] || echo "$out/vmlinux")"
     echo "abi=$abi"
     echo "release=$(release "$abi")"
 }
@@ -160,14 +175,19 @@ package_tree() {
     echo "$out"
 }
 
-# libc_tree VERSION: libc6 and libc6-dbg of VERSION: the guest's files, their debug files.
+# libc_tree VERSION: libc6 and libc6-dbg of VERSION: the guest's files, their debug files
+# (with --demo libc6 alone, in a tree of its own: the tests' always has the debug files).
 libc_tree() {
-    package_tree "libc6_$1" "libc6=$1" "libc6-dbg=$1"
+    if [[ -n $DEMO ]]; then
+        package_tree "libc6-nodbg_$1" "libc6=$1"
+    else
+        package_tree "libc6_$1" "libc6=$1" "libc6-dbg=$1"
+    fi
 }
 
 # libc: the guest's libc (the host's version when the archive has it) and another one.
 libc() {
-    local installed versions version other
+    local installed versions version other=''
     versions=$(versions libc6)
     if [[ -z $versions ]]; then
         echo "fetch.sh: updating the package lists to find libc6" >&2
@@ -181,7 +201,7 @@ libc() {
     else
         version=$(head -n 1 <<<"$versions")
     fi
-    other=$(grep -vxF -- "$version" <<<"$versions" | head -n 1 || true)
+    [[ -n $DEMO ]] || other=$(grep -vxF -- "$version" <<<"$versions" | head -n 1 || true)
     local tree other_tree=''  # assigned apart from `local`: set -e sees a failed download
     tree=$(libc_tree "$version")
     [[ -z $other ]] || other_tree=$(libc_tree "$other")
@@ -211,6 +231,11 @@ old_libc() {
     echo "dev=$dev"
 }
 
+arguments=()
+for argument in "$@"; do
+    if [[ $argument == --demo ]]; then DEMO=1; else arguments+=("$argument"); fi
+done
+set -- ${arguments[@]+"${arguments[@]}"}
 case ${1:-} in
     --libc) if [[ -n $(release "${2:-}") ]]; then old_libc; else libc; fi ;;
     --list) for abi in "${KERNELS[@]}"; do

@@ -3,9 +3,10 @@
 programs at their guest paths, every file of Debian's libc6 they need (their PT_INTERP
 and DT_NEEDED, followed through the libraries) taken from an extracted libc6 tree
 (fetch.sh --libc), and each such file's separate debug file from libc6-dbg
-(usr/lib/debug/.build-id/xx/yyyy.debug). mkcpio.py --root puts the same files (less
-usr/lib/debug) in the initramfs, so `qmpprof --sysroot DIR` and GDB's `set sysroot DIR`
-see exactly the guest's bytes.
+(usr/lib/debug/.build-id/xx/yyyy.debug) where the tree has them: the demo's (fetch.sh
+--demo --libc) is libc6 alone, and its sysroot has no usr/lib/debug. mkcpio.py --root puts
+the same files (less usr/lib/debug) in the initramfs, so `qmpprof --sysroot DIR` and GDB's
+`set sysroot DIR` see exactly the guest's bytes.
 
     mksysroot.py OUTPUT LIBC_TREE FILE=GUEST_PATH...
 
@@ -74,6 +75,7 @@ def place(source: Path, output: Path, guest_path: str) -> None:
 
 
 def copy_debug_file(tree: Path, elf: Path, output: Path) -> None:
+    """`elf`'s separate debug file, if `tree` has libc6-dbg's (the demo's has none)."""
     identity = build_id(elf)
     if identity is None:
         return
@@ -150,7 +152,7 @@ def main() -> None:
         sys.exit(__doc__.strip().split("\n\n")[1].strip())
     output, tree = Path(sys.argv[1]), Path(sys.argv[2])
     if not tree.is_dir():
-        sys.exit(f"mksysroot.py: no libc tree at {tree} (remove build/libc.env and run make again)")
+        sys.exit(f"mksysroot.py: no libc tree at {tree} (remove its libc.env and run make again)")
     ours = {}
     for pair in sys.argv[3:]:
         file, guest_path = pair.split("=", 1)
