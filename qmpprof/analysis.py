@@ -102,6 +102,8 @@ class Analyzer:
         self.kernel_types = kernel_types
         #: Where the kernel came from, when not from a file: one line for the summary.
         self.kernel_source: str | None = None
+        #: The release of a kernel read from memory (its uname -r), for titles.
+        self.kernel_release: str | None = None
         self._spaces: dict[object, tuple[AddressSpace, Symbolizer]] = {}
         #: Counts the changes of the kernel, its modules and the files known: a sample
         #: examined at one generation is examined again at another.
@@ -121,7 +123,7 @@ class Analyzer:
         if self.kernel is not None:
             self.biases.pop(self.kernel.name, None)
         self.kernel, self.adapter, self.kernel_types = None, GenericAdapter(), None
-        self.kernel_source = None
+        self.kernel_source = self.kernel_release = None
         self._changed()
 
     @property

@@ -396,6 +396,16 @@ class Recording:
     kernel_bias: int = 0
     #: The guest kernel's loaded modules when recording started: `report` maps them.
     kernel_modules: tuple[KernelModule, ...] = ()
+    #: The release of a kernel read from the guest's memory (no `kernel` file).
+    kernel_release: str | None = None
+
+    def kernel_title(self) -> str:
+        """The kernel, as a profile's title names it: its file, else its release."""
+        if self.kernel:
+            return self.kernel.rsplit("/", 1)[-1]
+        if self.kernel_release:
+            return f"{self.kernel_release} (from guest memory)"
+        return "no kernel symbols"
 
 
 class EndReason(Enum):

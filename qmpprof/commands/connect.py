@@ -136,6 +136,7 @@ async def _kernel_from_guest(
         return None
     analyzer.use_kernel(found.module, found.adapter, found.types)
     analyzer.kernel_source = found.describe()
+    analyzer.kernel_release = found.info.release
     servers = analyzer.files.servers
     vmlinux = servers.debuginfo(found.info.build_id) if servers and found.info.build_id else None
     if vmlinux is not None:

@@ -304,6 +304,7 @@ def _recording(
         command_line=" ".join(["qmpprof", *sys.argv[1:]]),
         kernel_bias=analyzer.kernel_bias,
         kernel_modules=analyzer.kernel_modules,
+        kernel_release=analyzer.kernel_release,
     )
 
 

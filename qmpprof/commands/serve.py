@@ -262,6 +262,7 @@ async def scrape(
         command_line=f"qmpprof serve: VM {vm.name}, {seconds} s",
         kernel_bias=analyzer.kernel_bias,
         kernel_modules=analyzer.kernel_modules,
+        kernel_release=analyzer.kernel_release,
     )
     mismatch = None
     if collector.coverage.mismatched and kernel is not None:

@@ -124,7 +124,7 @@ def graph_title(
     recording: Recording, shown: int, total: int, scope: Scope, include_idle: bool
 ) -> str:
     """The recording's parameters in one line: kernel, duration, rate, samples, filters."""
-    kernel = Path(recording.kernel).name if recording.kernel else "no kernel symbols"
+    kernel = recording.kernel_title()
     rate = 1 / recording.period_s if recording.period_s else 0.0
     idle = "idle included" if include_idle else "idle excluded"
     return (

@@ -87,7 +87,7 @@ def _profile_name(vcpu: int, label: str, thread: int, thread_name: str) -> str:
 
 def recording_title(recording: Recording) -> str:
     """A one-line name for the recording: kernel, duration and rate."""
-    kernel = Path(recording.kernel).name if recording.kernel else "no kernel symbols"
+    kernel = recording.kernel_title()
     rate = 1 / recording.period_s if recording.period_s else 0.0
     return f"qmpprof: {kernel}, {recording.duration_s:.1f} s at {rate:.0f} Hz"
 

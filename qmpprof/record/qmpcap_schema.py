@@ -190,6 +190,7 @@ def _recording(recording: dict[str, Any]) -> Recording:
         command_line=fields.get("command_line", _str, ""),
         kernel_bias=fields.get("kernel_bias", _int_within(-MAX_BIAS, MAX_BIAS), 0),
         kernel_modules=fields.get("kernel_modules", _kernel_modules, ()),
+        kernel_release=fields.get("kernel_release", _optional(_str), None),
     )
 
 

@@ -39,7 +39,7 @@ def test_report_names_the_kernel_frames_as_the_recording_did(
     capture, live = tmp_path / "run.qmpcap", tmp_path / "live.folded"
     done = run_cached(
         "--qmp-socket", linux.qmp, "--duration", "10", "-o", str(capture), "-o", str(live),
-        "--capture-memory",
+        "-o", str(tmp_path / "live.svg"), "--capture-memory",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "from guest memory" in done.stderr, done.stderr
@@ -51,7 +51,13 @@ def test_report_names_the_kernel_frames_as_the_recording_did(
         done = run_qmpprof("report", str(capture), "-o", str(replayed), *extra, env=fresh)
         assert done.returncode == 0, done.stderr
         assert sorted(replayed.read_text().splitlines()) == recorded, extra
+    done = run_qmpprof("report", str(capture), "-o", str(tmp_path / "report.svg"), env=fresh)
+    assert done.returncode == 0, done.stderr
     assert_kernel_names_are_nm_s(linux, capture)
+    # The flame graphs' titles name the kernel the guest booted (Debian's ABI is its
+    # `uname -r`), live and in the report: not "no kernel symbols".
+    for graph in (tmp_path / "live.svg", tmp_path / "report.svg"):
+        assert f"{kernel_abis()[0]} (from guest memory)" in graph.read_text(), graph
 
 
 def assert_kernel_names_are_nm_s(guest: LinuxGuest, capture: Path) -> None:

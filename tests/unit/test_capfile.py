@@ -155,6 +155,19 @@ def test_gzip_reads_the_header_every_sample_and_the_closing_record(
     assert read_all(path) == (RECORDING, samples, None)
 
 
+def test_a_kernel_read_from_memory_keeps_its_release_for_the_report_s_titles(
+    tmp_path: Path,
+) -> None:
+    recording = replace(RECORDING, kernel=None, kernel_release="6.1.0-50-amd64")
+    path = tmp_path / "c.qmpcap"
+    with CaptureWriter(path, recording, keep_memory=False):
+        pass
+    assert read_all(path)[0] == recording
+    assert recording.kernel_title() == "6.1.0-50-amd64 (from guest memory)"
+    assert RECORDING.kernel_title() == "k"
+    assert replace(recording, kernel_release=None).kernel_title() == "no kernel symbols"
+
+
 def test_a_file_copied_mid_recording_holds_every_flushed_sample(
     tmp_path: Path, samples: list[CapturedSample]
 ) -> None:
