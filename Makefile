@@ -10,8 +10,10 @@ STAMP := $(VENV)/.installed
 #: a venv), the commands that tell they are there; the tests need the rest as well.
 DEMO_APT_PACKAGES := qemu-system-x86 gcc libc6-dev make binutils python3-venv
 DEMO_TOOLS := qemu-system-x86_64 gcc make ld readelf
-APT_PACKAGES := $(DEMO_APT_PACKAGES) gdb tmux dwarves debuginfod libarchive-tools linux-perf libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-clients-qemu
-TOOLS := $(DEMO_TOOLS) gdb tmux pahole debuginfod bsdtar perf libvirtd virsh virt-qemu-qmp-proxy
+APT_PACKAGES := $(DEMO_APT_PACKAGES) gdb tmux dwarves debuginfod libarchive-tools linux-perf libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-clients-qemu memtest86+
+#: A path stands for a package that installs no command (memtest86+: a real bare-metal
+#: guest with no symbols for the tests).
+TOOLS := $(DEMO_TOOLS) gdb tmux pahole debuginfod bsdtar perf libvirtd virsh virt-qemu-qmp-proxy /boot/memtest86+x64.bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: help demo test unit integration fuzz bench kaslr-bench serve-soak lint format deps demo-deps system-deps demo-system-deps guest linux-guest linux-oracle i386-oracle consumers clean
@@ -69,14 +71,14 @@ $(BENCH_STAMP): $(STAMP)
 	touch $@
 
 lint: deps  ## ruff (lint + format check), mypy --strict (code, tests, benchmarks) and the layering rules
-	$(BIN)/ruff check qmpprof tests $(wildcard bench)
-	$(BIN)/ruff format --check qmpprof tests $(wildcard bench)
-	$(BIN)/mypy qmpprof tests $(wildcard bench)
+	$(BIN)/ruff check qmpprof tests $(wildcard bench) docs/images
+	$(BIN)/ruff format --check qmpprof tests $(wildcard bench) docs/images
+	$(BIN)/mypy qmpprof tests $(wildcard bench) docs/images
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit/test_layers.py
 
 format: deps  ## reformat the code with ruff
-	$(BIN)/ruff format qmpprof tests $(wildcard bench)
-	$(BIN)/ruff check --fix qmpprof tests $(wildcard bench)
+	$(BIN)/ruff format qmpprof tests $(wildcard bench) docs/images
+	$(BIN)/ruff check --fix qmpprof tests $(wildcard bench) docs/images
 
 # Bytecode for qmpprof's own modules, as `pip install` writes it for an installed
 # package: an editable install has none, and where PYTHONDONTWRITEBYTECODE is set Python
@@ -89,11 +91,12 @@ demo-deps: demo-system-deps $(STAMP)
 	@$(BIN)/python -m compileall -q qmpprof
 
 # apt_install TOOLS,PACKAGES: install PACKAGES from Debian's archive unless each of TOOLS
-# is on PATH and Python has venv.
+# is on PATH (or, given as a path, exists) and Python has venv.
 define apt_install
 	@missing=""; \
 	for tool in $(1); do \
-	  command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; \
+	  case $$tool in /*) [ -e $$tool ] ;; *) command -v $$tool ;; esac >/dev/null 2>&1 || \
+	    missing="$$missing $$tool"; \
 	done; \
 	$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
