@@ -35,7 +35,7 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 # Limits on numbers from the command line: each one keeps a typo from pausing the VM for
-# minutes, allocating without bound or spinning (see the README's flag tables).
+# minutes, allocating without bound or spinning (see docs/reference.md).
 #: A tick takes at least one QMP round trip (the best measured rates are about 400 Hz
 #: paused and 1,500 Hz nonblocking); above 10 kHz every tick would be missed.
 MAX_RATE_HZ = 10_000.0

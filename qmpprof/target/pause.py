@@ -8,7 +8,7 @@ every event waiting (the VM running by them), exactly one STOP came between send
 `stop` and its reply, stamped no earlier than the moment we sent its last byte, and no
 STOP or RESUME came after it. Anything else (a STOP before ours was sent, a RESUME, a
 second STOP) means someone else changed the run state, and the VM is left as they left
-it. What cannot be told apart (see README "What qmpprof promises"): another client's
+it. What cannot be told apart (see docs/promises.md): another client's
 `stop` executed between our last byte leaving and QEMU executing our `stop` looks like
 ours; one executed while we hold the VM paused does nothing in QEMU, so nobody sees it.
 """
