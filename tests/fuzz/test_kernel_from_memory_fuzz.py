@@ -152,7 +152,8 @@ def test_random_kallsyms_tables_decode_to_at_most_their_count_or_are_refused(see
 def test_reading_tables_from_random_memory_is_bounded(seed: int) -> None:
     """kallsyms_num_syms holds anything; the names table is walked through random bytes."""
     ram = RandomRam(seed, 1 << 28)
-    where = [random.Random(seed).randrange(1 << 27) for _ in range(6)]
+    rng = random.Random(seed)  # one generator: six different places, not one six times
+    where = [rng.randrange(1 << 27) for _ in range(6)]
     tables = KallsymsTables(where[0], where[1], where[2], where[3], where[4], where[5], None)
     try:
         raw = read_tables(tables, ram.read)
