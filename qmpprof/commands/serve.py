@@ -22,7 +22,7 @@ import gzip
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from qmpprof.commands.collect import Collector
 from qmpprof.commands.common import TargetOptions, build_analyzer
@@ -50,6 +50,8 @@ from qmpprof.serve.http import PPROF, Request, Response, refused, text_response
 from qmpprof.serve.routes import ProfileAsk, Site, route
 from qmpprof.serve.server import HttpServer
 
+#: The distinct connection notices remembered per VM (each logged once).
+MAX_NOTICES = 64
 #: On SIGINT/SIGTERM, how long answers under way may take before their connections are
 #: cut (the sampling itself stops at its next tick).
 SHUTDOWN_GRACE_S = 10.0
@@ -119,6 +121,22 @@ class _Vm:
     #: Whether the log has said that this VM's kernel-mode PCs go unnamed (said once:
     #: a scraper asks again every few seconds).
     told_unnamed: bool = False
+    #: The notices connecting has logged for this VM: each is logged once, not at every
+    #: scrape (which kernel it runs, that it gives none: they hold until it reboots).
+    noticed: set[str] = field(default_factory=set)
+
+    def notice_once(self, log: Callable[[str], None]) -> Callable[[str], None]:
+        """`log`, prefixed with the VM's name, for lines this VM has not logged yet."""
+
+        def notice(line: str) -> None:
+            if line in self.noticed:
+                return
+            if len(self.noticed) >= MAX_NOTICES:  # a guest rebooting all day: start over
+                self.noticed.clear()
+            self.noticed.add(line)
+            log(f"VM {self.name}: {line}")
+
+        return notice
 
     def state(self) -> str:
         if self.busy_until is None:
@@ -245,13 +263,12 @@ async def scrape(
     backlog = Backlog(analyse)
     config = LoopConfig(options.period_s, float(seconds), nonblocking=options.nonblocking)
     started = time.time()
-    notice = _prefixed(log, vm.name)
-    async with connected(vm.target, analyzer, notice) as (session, _, capturer):
+    async with connected(vm.target, analyzer, vm.notice_once(log)) as (session, _, capturer):
         stats = await sample_loop(
             session, capturer, config, stop, backlog.add, None, backlog.work_until
         )
         backlog.work_until(None)
-    _tell_unnamed(vm, collector, notice)
+    _tell_unnamed(vm, collector, _prefixed(log, vm.name))
     kernel = vm.target.kernel
     recording = Recording(
         started=started,

@@ -127,6 +127,9 @@ def test_serve_without_symbols_answers_the_seconds_asked(guest: Guest) -> None:
         assert len(said) == 1 and said[0].startswith("qmpprof serve: VM a: kernel: ")
         assert serve.get(f"/debug/pprof/profile?seconds={SECONDS}")[0] == 200
         assert [line for line in serve.log if UNNAMED.search(line)] == said  # said once
+        # So is what connecting found (no kernel in the guest's memory): not per scrape.
+        found = [line for line in serve.log if "the guest's memory gives none" in line]
+        assert len(found) == 1, serve.log
     assert guest.status() == "running"
 
 
