@@ -67,7 +67,7 @@ serve-soak: deps guest  ## scrape `qmpprof serve` on two example guests SOAK_SCR
 
 # The optional `bench` dependencies (qemu.qmp, compared with qmpprof's own QMP client).
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/pip install -q -e '.[dev,bench]'
+	PYTHONWARNINGS=ignore $(BIN)/pip install -q -e '.[dev,bench]'
 	touch $@
 
 lint: deps  ## ruff (lint + format check), mypy --strict (code, tests, benchmarks) and the layering rules
@@ -112,10 +112,12 @@ system-deps:  ## install QEMU, GDB, a C toolchain and a debuginfod server (tests
 demo-system-deps:  ## install what `make demo` needs only (QEMU, gcc, make, binutils, python3-venv) if missing
 	$(call apt_install,$(DEMO_TOOLS),$(DEMO_APT_PACKAGES))
 
+# PYTHONWARNINGS: setuptools warns at length that an install is editable (on a new
+# user's first screen of `make demo`); pip and its build run quiet.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	PYTHONWARNINGS=ignore $(BIN)/pip install -q --upgrade pip
+	PYTHONWARNINGS=ignore $(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
 consumers:  ## install the tools that open our outputs in tests (go tool pprof, chromium, speedscope)
