@@ -85,13 +85,12 @@ def test_a_socket_whose_queue_stays_full_gets_one_line(guest: Guest) -> None:
         for _ in range(3):  # one served, two queued: QEMU's queue is full
             sock = held.enter_context(socket.socket(socket.AF_UNIX))
             sock.connect(guest.qmp)
-        started = time.monotonic()
+        # It gives up by itself (run_qmpprof's timeout guards against a hang); how long
+        # it waits its turn is a speed, not this test's business.
         done = run_qmpprof("dump", "--qmp-socket", guest.qmp, "--kernel", str(guest.kernel))
-        waited = time.monotonic() - started
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and len(lines) == 1, done.stderr
     assert "another client holds it and its queue of waiting clients stayed full" in lines[0]
-    assert waited < 30
     assert _status_once_free(guest) == "running"
 
 
