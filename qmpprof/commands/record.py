@@ -33,13 +33,13 @@ from qmpprof.console import Console, say
 from qmpprof.console.progress import RecordProgress
 from qmpprof.console.summary import kernel_line, render_summary
 from qmpprof.defaults import DEFAULT_RATE_HZ
-from qmpprof.errors import HostProfileFailed, KernelMismatch, UsageError
+from qmpprof.errors import HostProfileFailed, KernelMismatch, NothingSampled, UsageError
 from qmpprof.model import CapturedSample, Ending, EndReason, Recording, RecordStats
 from qmpprof.output.writers import Format
 from qmpprof.profile import Grouping, Profile, Scope
 from qmpprof.record.backlog import Backlog
 from qmpprof.record.process_maps import MapsStats
-from qmpprof.record.sampler import LoopConfig, ProgressSink, sample_loop
+from qmpprof.record.sampler import LoopConfig, ProgressSink, sample_loop, why_nothing_sampled
 from qmpprof.target.qmp import QmpSession
 from qmpprof.visible import visible
 
@@ -263,6 +263,8 @@ def _finish(
         raise HostProfileFailed(f"{host.error} (the profile written is the guest's alone)")
     if collector.coverage.mismatched and options.target.kernel is not None:
         raise KernelMismatch(collector.coverage.describe(str(options.target.kernel)))
+    if (why := why_nothing_sampled(stats)) is not None:
+        raise NothingSampled(why)
 
 
 def maps_problems(stats: MapsStats | None) -> list[str]:

@@ -44,7 +44,7 @@ from qmpprof.model import CapturedSample, Recording, RecordStats
 from qmpprof.output.pprof import pprof_bytes
 from qmpprof.profile import Grouping, Profile, Scope
 from qmpprof.record.backlog import Backlog
-from qmpprof.record.sampler import LoopConfig, sample_loop
+from qmpprof.record.sampler import LoopConfig, sample_loop, why_nothing_sampled
 from qmpprof.serve.addresses import DEFAULT_MAX_SECONDS
 from qmpprof.serve.http import PPROF, Request, Response, refused, text_response
 from qmpprof.serve.routes import ProfileAsk, Site, route
@@ -216,6 +216,8 @@ class Scraped:
             )
         if self.mismatch is not None:
             return text_response(500, f"VM {vm}: {self.mismatch}")
+        if (why := why_nothing_sampled(self.stats)) is not None:
+            return text_response(503, f"VM {vm}: {why}; no profile")
         profile = self.collector.profile
         raw = pprof_bytes(
             self.collector.samples,

@@ -18,10 +18,10 @@ from qmpprof.commands.record import stop_on_signals
 from qmpprof.console import Console, say
 from qmpprof.console.top import ViewState, live_screen, plain_snapshot, render
 from qmpprof.defaults import DEFAULT_RATE_HZ
-from qmpprof.errors import KernelMismatch, QmpprofError
+from qmpprof.errors import KernelMismatch, NothingSampled, QmpprofError
 from qmpprof.model import CapturedSample, RecordStats
 from qmpprof.record.backlog import Backlog
-from qmpprof.record.sampler import LoopConfig, sample_loop
+from qmpprof.record.sampler import LoopConfig, sample_loop, why_nothing_sampled
 from qmpprof.symbols.coverage import KernelCoverage
 from qmpprof.top_stats import SortKey, TopStats
 from qmpprof.visible import visible
@@ -84,6 +84,8 @@ async def run_top(options: TopOptions, out: Console) -> None:
         raise QmpprofError(f"top stopped: {ended.ended_by} ({ended.ticks} ticks)")
     if analysis.coverage.mismatched and options.target.kernel is not None:
         raise KernelMismatch(analysis.coverage.describe(str(options.target.kernel)))
+    if (why := why_nothing_sampled(ended)) is not None:
+        raise NothingSampled(why)
 
 
 class _Analysis:

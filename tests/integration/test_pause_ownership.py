@@ -175,6 +175,55 @@ def test_dump_leaves_a_vm_paused_by_another_client_paused(watched: tuple[Guest, 
         assert_never_resumed(watcher, stopped_at)
 
 
+@pytest.mark.parametrize("mode", ["stop", "nonblocking"])
+def test_a_recording_of_a_vm_paused_throughout_is_an_error(
+    watched: tuple[Guest, str], tmp_path: Path, mode: str
+) -> None:
+    """Nothing sampled: the outputs asked for are written (with nothing in them), the
+    summary is printed, then one line says why and the exit status is 1."""
+    guest, other = watched
+    output, capture = tmp_path / "p.folded", tmp_path / "p.qmpcap"
+    extra = ["-o", str(capture)] + (["--nonblocking"] if mode == "nonblocking" else [])
+    with watching(other) as watcher:
+        assert watcher.stop_took_effect()
+        stopped_at = len(watcher.events)
+        done = run_qmpprof(*record_args(guest.qmp, guest.kernel, 1, output, *extra))
+        assert_never_resumed(watcher, stopped_at)
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "qmpprof: error: no sample taken: the VM was paused by someone else throughout ("
+    ), done.stderr
+    assert last.endswith("ticks skipped; it is left paused)")
+    assert output.exists() and capture.exists()
+    assert "skipped while the VM was paused by others" in done.stdout
+    assert guest.status() == "paused"
+
+
+def test_top_of_a_vm_paused_throughout_ends_with_the_error(watched: tuple[Guest, str]) -> None:
+    guest, other = watched
+    args = ["top", "--qmp-socket", guest.qmp, "--kernel", str(guest.kernel), "--refresh", "0.2"]
+    with watching(other) as watcher:
+        assert watcher.stop_took_effect()
+        stopped_at = len(watcher.events)
+        with subprocess.Popen(
+            [sys.executable, "-m", "qmpprof", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as top:
+            assert top.stdout is not None
+            for line in top.stdout:  # a snapshot counting a skipped tick
+                if "paused by others" in line:
+                    break
+            top.send_signal(signal.SIGINT)
+            _, err = top.communicate(timeout=60)
+        assert_never_resumed(watcher, stopped_at)
+    assert top.returncode == 1, err
+    assert err.strip().splitlines()[-1].startswith("qmpprof: error: no sample taken: the VM was")
+    assert guest.status() == "paused"
+
+
 async def test_a_stop_seen_before_ours_is_never_undone(watched: tuple[Guest, str]) -> None:
     """The session believed the VM running; another client's STOP waits unread in its
     socket when it pauses: it must read it first and leave the VM alone."""
