@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 from qmpprof.commands.collect import Collector
 from qmpprof.commands.common import TargetOptions, build_analyzer
-from qmpprof.commands.connect import connected
+from qmpprof.commands.connect import choose_nonblocking, connected
 from qmpprof.commands.record import stop_on_signals
 from qmpprof.console import Console, say
 from qmpprof.defaults import DEFAULT_RATE_HZ
@@ -68,6 +68,8 @@ class ServeOptions:
     max_seconds: int = DEFAULT_MAX_SECONDS
     include_idle: bool = False
     nonblocking: bool = False
+    #: --stop: stop mode even where it is chosen against by default (through libvirt).
+    force_stop: bool = False
 
 
 async def run_serve(options: ServeOptions, err: Console) -> None:
@@ -245,10 +247,13 @@ async def scrape(
             stop.set()
 
     backlog = Backlog(analyse)
-    config = LoopConfig(options.period_s, float(seconds), nonblocking=options.nonblocking)
     started = time.time()
     notice = _prefixed(log, vm.name)
     async with connected(vm.target, analyzer, notice) as (session, _, capturer):
+        nonblocking = await choose_nonblocking(
+            session, options.nonblocking, options.force_stop, options.period_s, notice
+        )
+        config = LoopConfig(options.period_s, float(seconds), nonblocking=nonblocking)
         stats = await sample_loop(
             session, capturer, config, stop, backlog.add, None, backlog.work_until
         )

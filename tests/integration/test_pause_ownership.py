@@ -34,7 +34,13 @@ from qmpprof.record.sampler import LoopConfig, sample_loop
 from qmpprof.target.memory import HmpMemory
 from qmpprof.target.pause import PauseHold
 from qmpprof.target.qmp import QmpSession, paused
-from tests.integration.conftest import Guest, record_args, run_qmpprof, running_guest
+from tests.integration.conftest import (
+    Guest,
+    interrupted_when,
+    record_args,
+    run_qmpprof,
+    running_guest,
+)
 from tests.integration.watcher import PipeText, Watcher, freeze_between_ticks, watching
 
 
@@ -206,20 +212,10 @@ def test_top_of_a_vm_paused_throughout_ends_with_the_error(watched: tuple[Guest,
     with watching(other) as watcher:
         assert watcher.stop_took_effect()
         stopped_at = len(watcher.events)
-        with subprocess.Popen(
-            [sys.executable, "-m", "qmpprof", *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        ) as top:
-            assert top.stdout is not None
-            for line in top.stdout:  # a snapshot counting a skipped tick
-                if "paused by others" in line:
-                    break
-            top.send_signal(signal.SIGINT)
-            _, err = top.communicate(timeout=60)
+        # until a snapshot counts a skipped tick
+        status, err = interrupted_when(args, lambda line: "paused by others" in line)
         assert_never_resumed(watcher, stopped_at)
-    assert top.returncode == 1, err
+    assert status == 1, err
     assert err.strip().splitlines()[-1].startswith("qmpprof: error: no sample taken: the VM was")
     assert guest.status() == "paused"
 
