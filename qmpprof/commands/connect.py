@@ -98,6 +98,9 @@ async def _through_libvirt(
         )
         session = await QmpSession.over(sock, options.qmp_socket, timeout)
         session.one_at_a_time = True  # each command a round trip through libvirt
+        # A fresh connection is a new bridge: the next command on the domain resumes it.
+        uri = f" --libvirt-uri {options.libvirt_uri}" if options.libvirt_uri else ""
+        session.resume_hint = f"qmpprof dump --libvirt {options.libvirt}{uri}"
         bridge.push_async_callback(session.close)
         monitor = dedicated_monitor(session.greeting)
         if monitor is not None:

@@ -269,6 +269,9 @@ class QmpSession:
         self.not_qemu: str | None = None
         #: The greeting the other end sent (QEMU's, or a bridge's with more in it).
         self.greeting: dict[str, Any] = {}
+        #: The command that resumes a VM this session left paused, when it is not
+        #: `qmpprof resume --qmp-socket PATH` (through libvirt: any command on the domain).
+        self.resume_hint: str | None = None
 
     @classmethod
     async def connect(cls, path: str, timeout: float = CONNECT_TIMEOUT_S) -> QmpSession:
