@@ -174,6 +174,13 @@ def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
         help="libvirt's connection URI for --libvirt, as virsh -c (default: libvirt's)",
     )
     add(
+        "--connect-timeout",
+        type=_in_range(float, 0.1, 3600.0, "seconds"),
+        metavar="S",
+        help="seconds to wait for the monitor's greeting (default 5 for a QMP socket, "
+        "30 through libvirt: a round trip through libvirtd)",
+    )
+    add(
         "--pid",
         type=_int_in_range(1, 1 << 22, "pid"),
         metavar="PID",
@@ -375,10 +382,18 @@ def _add_rate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_nonblocking_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
         "--nonblocking",
         action="store_true",
         help="never pause the VM: read registers and memory while it runs (stacks may tear)",
+    )
+    mode.add_argument(
+        "--stop",
+        action="store_true",
+        help="pause the VM for each sample even through libvirt, where each command is a "
+        "round trip through libvirtd and the default is nonblocking when stop mode would "
+        "hold the VM paused over 1%% of the time",
     )
     parser.add_argument(
         "--unwind-paused",
@@ -447,6 +462,7 @@ def _target_options(args: argparse.Namespace) -> TargetOptions:
         libvirt=domain,
         libvirt_uri=uri,
         qemu_pid=getattr(args, "pid", None),
+        connect_timeout=getattr(args, "connect_timeout", None),
     )
 
 
@@ -464,6 +480,7 @@ def _run_record(args: argparse.Namespace) -> None:
         grouping=Grouping(args.group_by),
         capture_memory=args.capture_memory,
         nonblocking=args.nonblocking,
+        force_stop=args.stop,
         verbose=args.verbose,
         host=_host_options(args),
     )
@@ -513,6 +530,7 @@ def _run_top(args: argparse.Namespace) -> None:
         process=args.process,
         include_idle=args.idle,
         nonblocking=args.nonblocking,
+        force_stop=args.stop,
     )
     _run_async(run_top(options, terminal()[0]))
 
@@ -581,6 +599,7 @@ def _run_serve(args: argparse.Namespace) -> None:
         max_seconds=args.max_seconds,
         include_idle=args.idle,
         nonblocking=args.nonblocking,
+        force_stop=args.stop,
     )
     _run_async(run_serve(options, terminal()[1]))
 

@@ -22,6 +22,7 @@ The whole tree (`python -c "import qmpprof.errors"` imports nothing else of qmpp
     ├── OutputError              an output that cannot be written
     ├── KernelMismatch           the --kernel ELF does not name the guest's PCs
     ├── BadGuestKernel           the kernel's own tables in guest memory do not check (no --kernel)
+    ├── NothingSampled           a recording, `top` or scrape took no sample (VM paused throughout)
     ├── HostProfileFailed        `record --host`: perf is missing, refused, or wrote nothing usable
     ├── BadRequest               `serve`: an HTTP request refused (a status, one line to the client)
     ├── ListenFailed             `serve`: the address to listen on cannot be had
@@ -152,6 +153,12 @@ class BadRecord(BadCapture):
 class BadGuestKernel(QmpprofError):
     """What a Linux guest keeps of its own kernel (VMCOREINFO, kallsyms, ORC, BTF) is
     missing or does not check: qmpprof goes on without the kernel's symbols."""
+
+
+class NothingSampled(QmpprofError):
+    """A recording, `top` or a scrape ended without one sample: the VM was paused by
+    someone else throughout (left paused), or every tick failed. Raised after the
+    outputs asked for are written."""
 
 
 class HostProfileFailed(QmpprofError):

@@ -1,11 +1,11 @@
 """A real libvirt for tests: a private session-mode libvirtd run as an unprivileged user,
 and the example guest defined in it as a TCG domain (`<domain type='qemu'>`).
 
-Why session mode as `nobody`: a system-mode libvirtd needs Debian's
-libvirt-daemon-system (its libvirt-qemu user and qemu.conf), which brings systemd and a
-firewall along, and it shares /run/libvirt and /var/lib/libvirt with any libvirt of the
-host. A session daemon keeps all its state under XDG directories we choose, so nothing
-outside a scratch directory is touched, and its QEMU runs as that user (not ours), in
+Why session mode as `nobody` here: a system-mode libvirtd (tests/libvirt_system.py,
+Debian's libvirt-daemon-system with libvirt-daemon-system-sysv: no systemd as init)
+shares /run/libvirt and /var/lib/libvirt with any libvirt of the host, so it runs only
+where none does. A session daemon keeps all its state under XDG directories we choose,
+so nothing outside a scratch directory is touched, and its QEMU runs as that user (not ours), in
 libvirt's seccomp sandbox, as a real libvirt QEMU does (system mode: libvirt-qemu).
 Facts checked here (2026-11, Debian 12, libvirt 9.0, QEMU 7.2): the pid file is
 RUNTIME/libvirt/qemu/run/NAME.pid, the monitor CONFIG/libvirt/qemu/lib/domain-N-NAME/
@@ -66,7 +66,7 @@ class Libvirt:
         return self.virsh("domstate", name)
 
 
-def _until(condition: object, seconds: float, what: str) -> None:
+def until(condition: object, seconds: float, what: str) -> None:
     """Poll `condition()` until true, at most `seconds`; RuntimeError naming `what`."""
     assert callable(condition)
     end = time.monotonic() + seconds
@@ -122,7 +122,7 @@ def _start_libvirtd(root: Path, user: pwd.struct_passwd) -> int:
     if done.returncode != 0:
         raise RuntimeError(f"libvirtd --daemon failed: {done.stderr.strip()}")
     socket_path = root / "run" / "libvirt" / "libvirt-sock"
-    _until(lambda: socket_path.is_socket() and pidfile.is_file(), START_S, "libvirtd up")
+    until(lambda: socket_path.is_socket() and pidfile.is_file(), START_S, "libvirtd up")
     return int(pidfile.read_text().strip())
 
 
@@ -131,7 +131,7 @@ def _stop_daemons(root: Path, libvirtd: int) -> None:
     virtlogd = _pid_in(root / "run" / "libvirt" / "virtlogd.pid")
     for pid in (libvirtd, virtlogd):
         if pid is not None:
-            _terminate(pid)
+            terminate(pid)
 
 
 def _pid_in(path: Path) -> int | None:
@@ -140,12 +140,12 @@ def _pid_in(path: Path) -> int | None:
     return None
 
 
-def _terminate(pid: int) -> None:
+def terminate(pid: int) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with suppress(ProcessLookupError):
             os.kill(pid, sig)
         with suppress(RuntimeError):
-            _until(lambda: not _alive(pid), STOP_S, f"pid {pid} gone")
+            until(lambda: not _alive(pid), STOP_S, f"pid {pid} gone")
             return
 
 
@@ -160,24 +160,35 @@ def _alive(pid: int) -> bool:
 def domain_xml(name: str, kernel: Path, serial: Path, workload: str = "kernel") -> str:
     """The example guest as boot.sh runs it (128 MiB, one vCPU, the multiboot kernel,
     the workload on its command line, serial to a file), under TCG."""
+    boot = f"<kernel>{kernel}</kernel><cmdline>workload={workload}</cmdline>"
+    return tcg_domain_xml(name, 128, boot, serial)
+
+
+def tcg_domain_xml(name: str, mib: int, boot: str, serial: Path, extra: str = "") -> str:
+    """A one-vCPU `<domain type='qemu'>` (TCG) of `mib` MiB booting what `boot` says
+    (`<kernel>` and the like), serial to a file, destroyed when it reboots or crashes;
+    `extra` elements inside `<domain>`."""
     return f"""<domain type='qemu'>
   <name>{name}</name>
-  <memory unit='MiB'>128</memory>
+  <memory unit='MiB'>{mib}</memory>
   <vcpu>1</vcpu>
-  <os>
-    <type arch='x86_64' machine='pc'>hvm</type>
-    <kernel>{kernel}</kernel>
-    <cmdline>workload={workload}</cmdline>
-  </os>
+  <os><type arch='x86_64' machine='pc'>hvm</type>{boot}</os>
   <on_reboot>destroy</on_reboot>
-  <devices>
+  <on_crash>destroy</on_crash>
+  {devices_xml(serial)}
+  {extra}
+</domain>
+"""
+
+
+def devices_xml(serial: Path) -> str:
+    """A TCG domain's devices: QEMU, the serial port to a file, no USB, no balloon."""
+    return f"""<devices>
     <emulator>{shutil.which("qemu-system-x86_64")}</emulator>
     <serial type='file'><source path='{serial}'/><target port='0'/></serial>
     <controller type='usb' model='none'/>
     <memballoon model='none'/>
-  </devices>
-</domain>
-"""
+  </devices>"""
 
 
 @contextmanager
@@ -194,7 +205,7 @@ def example_domain(libvirt: Libvirt, name: str) -> Iterator[Path]:
     libvirt.virsh("define", str(xml))
     try:
         libvirt.virsh("start", name)
-        _until(lambda: _ready(serial), BOOT_S, f"domain {name} ready ({serial})")
+        until(lambda: _ready(serial), BOOT_S, f"domain {name} ready ({serial})")
         yield serial
     finally:
         libvirt.virsh("destroy", name, check=False)

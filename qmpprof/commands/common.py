@@ -49,6 +49,9 @@ class TargetOptions:
     libvirt_uri: str | None = None
     #: QEMU's process id when the socket's peer is not QEMU (--pid), checked.
     qemu_pid: int | None = None
+    #: How long to wait for the monitor's greeting (--connect-timeout); None: 5 s for a
+    #: QMP socket, 30 s through libvirt.
+    connect_timeout: float | None = None
 
 
 def build_analyzer(options: TargetOptions) -> Analyzer:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import statistics
 from collections.abc import AsyncIterator, Callable, Collection
 from pathlib import Path
 
 from qmpprof.analysis import Analyzer
 from qmpprof.commands.common import TargetOptions, say_on_stderr
-from qmpprof.errors import BadElf, KernelMismatch, UsageError
+from qmpprof.errors import BadElf, ConnectionFailed, KernelMismatch, UsageError
 from qmpprof.guest.kernel_types import ElfTypes
 from qmpprof.guest.linux.adapter import LinuxAdapter
 from qmpprof.guest.linux.from_memory import GuestKernel
@@ -53,23 +55,90 @@ async def connected(
 
 @contextlib.asynccontextmanager
 async def _session(options: TargetOptions) -> AsyncIterator[tuple[QmpSession, str | None]]:
-    """The QMP session, QEMU's process identified; through libvirt's proxy for
-    --libvirt, with a line saying which QEMU that is."""
+    """The QMP session, QEMU's process identified; through libvirt for --libvirt (its
+    own QMP socket when the domain has one), with a line saying which QEMU that is."""
     async with contextlib.AsyncExitStack() as stack:
-        if options.libvirt is not None:
-            from qmpprof.target.libvirt import proxied  # a subprocess: only when asked
-
-            await stack.enter_async_context(
-                proxied(options.libvirt, options.libvirt_uri, options.qmp_socket)
-            )
-        session = await QmpSession.connect(options.qmp_socket)
-        stack.push_async_callback(session.close)
-        described = None
-        if options.libvirt is not None:
-            described = await _identify_libvirt_qemu(session, options.libvirt, options)
-        else:
+        if options.libvirt is None:
+            session = await QmpSession.connect(options.qmp_socket, _timeout(options))
+            stack.push_async_callback(session.close)
             await identify_qemu(session, options.qemu_pid)
-        yield session, described
+            yield session, None
+            return
+        bridged, monitor = await _through_libvirt(stack, options)
+        if bridged is None:
+            own = await _own_monitor(stack, options, monitor)
+            yield own, await _describe_own_monitor(own, options.libvirt, monitor)
+            return
+        yield bridged, await _identify_libvirt_qemu(bridged, options.libvirt, options)
+
+
+def _timeout(options: TargetOptions) -> float:
+    """How long to wait for a greeting: --connect-timeout, else the default for a QMP
+    socket (QEMU greets at once) or for libvirt (a round trip through libvirtd)."""
+    from qmpprof.target.libvirt import LIBVIRT_CONNECT_S
+    from qmpprof.target.qmp import CONNECT_TIMEOUT_S
+
+    if options.connect_timeout is not None:
+        return options.connect_timeout
+    return LIBVIRT_CONNECT_S if options.libvirt is not None else CONNECT_TIMEOUT_S
+
+
+async def _through_libvirt(
+    stack: contextlib.AsyncExitStack, options: TargetOptions
+) -> tuple[QmpSession | None, str]:
+    """The session through libvirt's binding, kept on `stack`; or (None, PATH) when the
+    domain has a QMP socket of its own at PATH (the bridge is then closed at once)."""
+    from qmpprof.target.libvirt import bridged, dedicated_monitor  # only when asked
+
+    assert options.libvirt is not None
+    timeout = _timeout(options)
+    async with contextlib.AsyncExitStack() as bridge:
+        sock = await bridge.enter_async_context(
+            bridged(options.libvirt, options.libvirt_uri, timeout)
+        )
+        session = await QmpSession.over(sock, options.qmp_socket, timeout)
+        session.one_at_a_time = True  # each command a round trip through libvirt
+        # A fresh connection is a new bridge: the next command on the domain resumes it.
+        uri = f" --libvirt-uri {options.libvirt_uri}" if options.libvirt_uri else ""
+        session.resume_hint = f"qmpprof dump --libvirt {options.libvirt}{uri}"
+        bridge.push_async_callback(session.close)
+        monitor = dedicated_monitor(session.greeting)
+        if monitor is not None:
+            return None, monitor
+        stack.push_async_exit(bridge.pop_all())
+        return session, ""
+
+
+async def _own_monitor(
+    stack: contextlib.AsyncExitStack, options: TargetOptions, path: str
+) -> QmpSession:
+    """A session on the QMP socket the domain's XML gives QEMU, whose peer must be the
+    domain's QEMU (checked as for --qmp-socket, and by its -name)."""
+    from qmpprof.target.libvirt import names_domain
+
+    try:
+        session = await QmpSession.connect(path, _timeout(options))
+    except ConnectionFailed as err:
+        raise UsageError(f"libvirt domain {options.libvirt}'s own QMP socket: {err}") from err
+    stack.push_async_callback(session.close)
+    await identify_qemu(session, options.qemu_pid)
+    name = str((await session.execute("query-name")).get("name", ""))
+    if session.qemu_pid is None or not names_domain(session.qemu_pid, name):
+        raise UsageError(
+            f"libvirt domain {options.libvirt}'s own QMP socket {path} is not served by "
+            f"its QEMU ({session.not_qemu or 'another process'})"
+        )
+    return session
+
+
+async def _describe_own_monitor(session: QmpSession, domain: str, path: str) -> str:
+    from qmpprof.target.libvirt import describe_owner
+
+    pid = session.qemu_pid
+    assert pid is not None
+    owner = describe_owner(pid)
+    own = f"its own QMP socket {visible(path)}"
+    return f"libvirt domain {visible(domain)}: {own}, QEMU pid {pid} ({owner})"
 
 
 async def _identify_libvirt_qemu(session: QmpSession, domain: str, options: TargetOptions) -> str:
@@ -206,3 +275,49 @@ async def check_cpus(session: QmpSession, cpus: Collection[int]) -> None:
         raise UsageError(
             f"--cpus: no vCPU {', '.join(map(str, missing))} in this guest (it has {have})"
         )
+
+
+#: Commands a stop-mode tick sends with the VM paused, one round trip each through a
+#: proxy or libvirt (stop, the registers, cont; memory read on this host adds none).
+STOP_TICK_ROUND_TRIPS = 3
+#: The share of time a default stop mode may hold the VM paused; above it, through
+#: libvirt, sampling is nonblocking unless --stop asks for stop mode.
+PAUSE_SHARE_LIMIT = 0.01
+#: Round trips timed when connecting (the median is used).
+_TIMED_ROUND_TRIPS = 5
+
+
+async def choose_nonblocking(
+    session: QmpSession,
+    nonblocking: bool,
+    force_stop: bool,
+    period_s: float,
+    notice: Callable[[str], None] = say_on_stderr,
+) -> bool:
+    """Whether to sample nonblocking: as asked (--nonblocking, --stop); else, where each
+    command is a round trip through libvirt or a proxy (session.one_at_a_time), when
+    stop mode at `period_s` would hold the VM paused more than PAUSE_SHARE_LIMIT of the
+    time, by the round trip timed here; one line to `notice` says so."""
+    if nonblocking or force_stop or not session.one_at_a_time:
+        return nonblocking
+    trip = await round_trip_s(session)
+    share = STOP_TICK_ROUND_TRIPS * trip / period_s
+    if share <= PAUSE_SHARE_LIMIT:
+        return False
+    notice(
+        f"a QMP round trip through libvirt takes {trip * 1000:.1f} ms: stop mode would hold "
+        f"the VM paused ~{min(share, 1.0):.0%} of the time at {1 / period_s:.0f} Hz, so "
+        "sampling nonblocking (--stop pauses it all the same)"
+    )
+    return True
+
+
+async def round_trip_s(session: QmpSession) -> float:
+    """The median time of a `query-status` round trip, in seconds."""
+    loop = asyncio.get_running_loop()
+    times = []
+    for _ in range(_TIMED_ROUND_TRIPS):
+        began = loop.time()
+        await session.execute("query-status")
+        times.append(loop.time() - began)
+    return statistics.median(times)

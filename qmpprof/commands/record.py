@@ -27,19 +27,19 @@ from qmpprof.commands.common import (
     cfi_problems,
     file_problems,
 )
-from qmpprof.commands.connect import connected, describe_memory
+from qmpprof.commands.connect import choose_nonblocking, connected, describe_memory
 from qmpprof.commands.host import HostOptions, HostRun, host_recording
 from qmpprof.console import Console, say
 from qmpprof.console.progress import RecordProgress
 from qmpprof.console.summary import kernel_line, render_summary
 from qmpprof.defaults import DEFAULT_RATE_HZ
-from qmpprof.errors import HostProfileFailed, KernelMismatch, UsageError
+from qmpprof.errors import HostProfileFailed, KernelMismatch, NothingSampled, UsageError
 from qmpprof.model import CapturedSample, Ending, EndReason, Recording, RecordStats
 from qmpprof.output.writers import Format
 from qmpprof.profile import Grouping, Profile, Scope
 from qmpprof.record.backlog import Backlog
 from qmpprof.record.process_maps import MapsStats
-from qmpprof.record.sampler import LoopConfig, ProgressSink, sample_loop
+from qmpprof.record.sampler import LoopConfig, ProgressSink, sample_loop, why_nothing_sampled
 from qmpprof.target.qmp import QmpSession
 from qmpprof.visible import visible
 
@@ -55,6 +55,8 @@ class RecordOptions:
     grouping: Grouping = Grouping.THREAD
     capture_memory: bool = False
     nonblocking: bool = False
+    #: --stop: stop mode even where it is chosen against by default (through libvirt).
+    force_stop: bool = False
     verbose: bool = False
     #: `--host`: perf on the QEMU process too, merged into one profile.
     host: HostOptions | None = None
@@ -112,13 +114,14 @@ async def _record(
 
     backlog = Backlog(analyse)
 
-    loop_config = LoopConfig(
-        period_s=options.period_s, duration_s=options.duration_s, nonblocking=options.nonblocking
-    )
     async with (
         connected(options.target, collector.analyzer) as (session, memory, capturer),
         _host_recording(session, options.host) as host,
     ):
+        nonblocking = await choose_nonblocking(
+            session, options.nonblocking, options.force_stop, options.period_s
+        )
+        loop_config = LoopConfig(options.period_s, options.duration_s, nonblocking=nonblocking)
         recording = _recording(options, started, 0.0, collector.analyzer)
         for path, fmt in options.outputs:
             if fmt is Format.QMPCAP:
@@ -263,6 +266,8 @@ def _finish(
         raise HostProfileFailed(f"{host.error} (the profile written is the guest's alone)")
     if collector.coverage.mismatched and options.target.kernel is not None:
         raise KernelMismatch(collector.coverage.describe(str(options.target.kernel)))
+    if (why := why_nothing_sampled(stats)) is not None:
+        raise NothingSampled(why)
 
 
 def maps_problems(stats: MapsStats | None) -> list[str]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from qmpprof.commands.collect import Collector
 from qmpprof.commands.common import TargetOptions, build_analyzer
-from qmpprof.commands.connect import connected
+from qmpprof.commands.connect import choose_nonblocking, connected
 from qmpprof.commands.record import stop_on_signals
 from qmpprof.console import Console, say
 from qmpprof.defaults import DEFAULT_RATE_HZ
@@ -44,7 +44,7 @@ from qmpprof.model import CapturedSample, Recording, RecordStats
 from qmpprof.output.pprof import pprof_bytes
 from qmpprof.profile import Grouping, Profile, Scope
 from qmpprof.record.backlog import Backlog
-from qmpprof.record.sampler import LoopConfig, sample_loop
+from qmpprof.record.sampler import LoopConfig, sample_loop, why_nothing_sampled
 from qmpprof.serve.addresses import DEFAULT_MAX_SECONDS
 from qmpprof.serve.http import PPROF, Request, Response, refused, text_response
 from qmpprof.serve.routes import ProfileAsk, Site, route
@@ -70,6 +70,8 @@ class ServeOptions:
     max_seconds: int = DEFAULT_MAX_SECONDS
     include_idle: bool = False
     nonblocking: bool = False
+    #: --stop: stop mode even where it is chosen against by default (through libvirt).
+    force_stop: bool = False
 
 
 async def run_serve(options: ServeOptions, err: Console) -> None:
@@ -234,6 +236,8 @@ class Scraped:
             )
         if self.mismatch is not None:
             return text_response(500, f"VM {vm}: {self.mismatch}")
+        if (why := why_nothing_sampled(self.stats)) is not None:
+            return text_response(503, f"VM {vm}: {why}; no profile")
         profile = self.collector.profile
         raw = pprof_bytes(
             self.collector.samples,
@@ -261,9 +265,13 @@ async def scrape(
             stop.set()
 
     backlog = Backlog(analyse)
-    config = LoopConfig(options.period_s, float(seconds), nonblocking=options.nonblocking)
     started = time.time()
-    async with connected(vm.target, analyzer, vm.notice_once(log)) as (session, _, capturer):
+    notice = vm.notice_once(log)
+    async with connected(vm.target, analyzer, notice) as (session, _, capturer):
+        nonblocking = await choose_nonblocking(
+            session, options.nonblocking, options.force_stop, options.period_s, notice
+        )
+        config = LoopConfig(options.period_s, float(seconds), nonblocking=nonblocking)
         stats = await sample_loop(
             session, capturer, config, stop, backlog.add, None, backlog.work_until
         )

@@ -13,15 +13,15 @@ from dataclasses import dataclass
 
 from qmpprof.analysis import Analyzer
 from qmpprof.commands.common import TargetOptions, build_analyzer, say_on_stderr
-from qmpprof.commands.connect import connected
+from qmpprof.commands.connect import choose_nonblocking, connected
 from qmpprof.commands.record import stop_on_signals
 from qmpprof.console import Console, say
 from qmpprof.console.top import ViewState, live_screen, plain_snapshot, render
 from qmpprof.defaults import DEFAULT_RATE_HZ
-from qmpprof.errors import KernelMismatch, QmpprofError
+from qmpprof.errors import KernelMismatch, NothingSampled, QmpprofError
 from qmpprof.model import CapturedSample, RecordStats
 from qmpprof.record.backlog import Backlog
-from qmpprof.record.sampler import LoopConfig, sample_loop
+from qmpprof.record.sampler import LoopConfig, sample_loop, why_nothing_sampled
 from qmpprof.symbols.coverage import KernelCoverage
 from qmpprof.top_stats import SortKey, TopStats
 from qmpprof.visible import visible
@@ -35,6 +35,8 @@ class TopOptions:
     process: str | None = None
     include_idle: bool = False
     nonblocking: bool = False
+    #: --stop: stop mode even where it is chosen against by default (through libvirt).
+    force_stop: bool = False
 
 
 async def run_top(options: TopOptions, out: Console) -> None:
@@ -61,9 +63,12 @@ async def run_top(options: TopOptions, out: Console) -> None:
         nonlocal record
         record = latest
 
-    config = LoopConfig(period_s=options.period_s, duration_s=None, nonblocking=options.nonblocking)
     title = options.target.qmp_socket
     async with connected(options.target, analyzer) as (session, _, capturer):
+        nonblocking = await choose_nonblocking(
+            session, options.nonblocking, options.force_stop, options.period_s
+        )
+        config = LoopConfig(period_s=options.period_s, duration_s=None, nonblocking=nonblocking)
         with stop_on_signals(stop):
             sampler = asyncio.create_task(
                 sample_loop(
@@ -84,6 +89,8 @@ async def run_top(options: TopOptions, out: Console) -> None:
         raise QmpprofError(f"top stopped: {ended.ended_by} ({ended.ticks} ticks)")
     if analysis.coverage.mismatched and options.target.kernel is not None:
         raise KernelMismatch(analysis.coverage.describe(str(options.target.kernel)))
+    if (why := why_nothing_sampled(ended)) is not None:
+        raise NothingSampled(why)
 
 
 class _Analysis:

@@ -86,8 +86,14 @@ def _header(record: RecordStats, title: str) -> str:
     # The figures first: a long socket path is what gets cut in a narrow terminal.
     return (
         f"{record.rate_hz:.1f} ticks/s  late {record.late}  failed {record.failed}  "
-        f"VM paused {paused:.1f}%  {_retakes(record)}— qmpprof top {visible(title)}"
+        f"VM paused {paused:.1f}%  {_skipped(record)}{_retakes(record)}"
+        f"— qmpprof top {visible(title)}"
     )
+
+
+def _skipped(record: RecordStats) -> str:
+    """Ticks skipped because someone else held the VM paused; nothing while none was."""
+    return f"skipped {record.skipped_paused} (paused by others)  " if record.skipped_paused else ""
 
 
 def _retakes(record: RecordStats) -> str:

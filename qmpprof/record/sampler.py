@@ -325,3 +325,23 @@ async def _wait_until(deadline: float, stop: asyncio.Event) -> bool:
     if fine > 0 and not stop.is_set():
         time.sleep(fine)  # QMP events and Ctrl-C wait at most this millisecond
     return stop.is_set()
+
+
+def why_nothing_sampled(stats: RecordStats) -> str | None:
+    """Why a recording that ticked took no sample, as one line; None when it took one,
+    or never ticked (a signal, `q` in top or QEMU exiting before the first tick)."""
+    interrupted = stats.ended_by is not None and stats.ended_by.reason is EndReason.INTERRUPTED
+    failed = stats.failed + stats.abandoned
+    tried = stats.ticks + stats.skipped_paused + failed
+    if stats.samples or tried == 0:
+        return None
+    ended = "" if stats.ended_by is None or interrupted else f"; {stats.ended_by}"
+    if stats.skipped_paused and not failed:
+        return (
+            "no sample taken: the VM was paused by someone else throughout "
+            f"({stats.skipped_paused} ticks skipped; it is left paused){ended}"
+        )
+    return (
+        f"no sample taken in {tried} ticks ({stats.skipped_paused} skipped while the VM was "
+        f"paused by others, {failed} failed){ended}"
+    )

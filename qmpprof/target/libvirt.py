@@ -1,15 +1,21 @@
-"""A libvirt domain as a QMP target (--libvirt DOMAIN): libvirt's QMP proxy on a socket
-of ours, and the QEMU process behind it.
+"""A libvirt domain as a QMP target (--libvirt DOMAIN): its monitor through libvirt's
+Python binding (target/libvirt_bridge.py), or its own QMP socket, and the QEMU process
+behind it.
 
-libvirt owns the domain's only QMP monitor. `virt-qemu-qmp-proxy DOMAIN SOCKET`
-(Debian: libvirt-clients-qemu) serves a QMP socket whose commands go through
-libvirt's passthrough (virDomainQemuMonitorCommand; libvirt marks the domain tainted,
-`custom-monitor`) and whose events libvirt forwards. The socket's peer is then the
-proxy, so QEMU's pid comes from libvirt: the domain's pid file (system mode
-/run/libvirt/qemu/NAME.pid, session mode $XDG_RUNTIME_DIR/libvirt/qemu/run/NAME.pid),
-else the process that owns the vCPU threads QEMU reports. Either way its command line
-must name the domain (libvirt runs QEMU with `-name guest=NAME,...`), and
-target/direct.py identify_qemu checks that the vCPU threads are its.
+libvirt owns the domain's QMP monitor. The bridge passes each command through libvirt
+(virDomainQemuMonitorCommand; libvirt marks the domain tainted, `custom-monitor`) and
+forwards QEMU's events from the same connection. It replaces libvirt's
+virt-qemu-qmp-proxy, which asks libvirtd for its version before it greets a client
+(~4 s on a host where libvirt re-probes QEMU each time) and leaves libvirtd logging an
+end of file when it is stopped (bench/libvirt_paths.py measures both). The socket's
+peer is then the bridge, so QEMU's pid comes from libvirt: the domain's pid file
+(system mode /run/libvirt/qemu/NAME.pid, session mode
+$XDG_RUNTIME_DIR/libvirt/qemu/run/NAME.pid), else the process that owns the vCPU
+threads QEMU reports. Either way its command line must name the domain (libvirt runs
+QEMU with `-name guest=NAME,...`), and target/direct.py identify_qemu checks that the
+vCPU threads are its. A domain whose XML gives QEMU a QMP socket of its own
+(`<qemu:commandline>`, `-qmp unix:PATH,server=on,wait=off`) is reached there, as plain
+QEMU is.
 """
 
 from __future__ import annotations
@@ -17,14 +23,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import importlib.util
 import itertools
 import os
 import pwd
 import re
 import shutil
 import socket
-import stat
 import subprocess
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,13 +41,15 @@ from qmpprof.errors import UsageError
 from qmpprof.target.direct import thread_group, vcpu_threads
 from qmpprof.target.qmp import QmpSession
 
-PROXY = "virt-qemu-qmp-proxy"
-#: The proxy imports python3-libvirt and connects to libvirt: well under a second here.
-PROXY_START_S = 15.0
-PROXY_STOP_S = 5.0
-#: How often a starting proxy is looked at (its socket, or its exit).
-_POLL_S = 0.02
+#: The bridge's own file, run as a script under a Python that has libvirt's binding.
+BRIDGE = Path(__file__).with_name("libvirt_bridge.py")
+#: Connecting to libvirtd and one passthrough command (`query-version`): a fraction of a
+#: second on an idle host, seconds when libvirtd is busy (--connect-timeout).
+LIBVIRT_CONNECT_S = 30.0
+#: How long the bridge may take to close its libvirt connection once told to.
+BRIDGE_STOP_S = 5.0
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+_SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 @dataclass(frozen=True)
@@ -53,9 +62,9 @@ class LibvirtQemu:
 
 
 def proxy_socket(domain: str, uri: str | None) -> str:
-    """Where the proxy of `domain` listens: one path per URI and domain, in a private
-    directory, so that a second qmpprof on the same domain finds the first's proxy and
-    the socket's pause marker (target/marker.py) outlives a qmpprof that was killed."""
+    """The name qmpprof's session with `domain` goes by (one per URI and domain, in a
+    private directory; nothing listens there): the key of its pause marker
+    (target/marker.py), so that a qmpprof killed mid-pause is resumed by the next."""
     key = hashlib.sha256(f"{uri or ''}\0{domain}".encode()).hexdigest()[:12]
     return str(_private_dir() / f"libvirt-{_SAFE.sub('_', domain)[:40]}-{key}.qmp")
 
@@ -66,123 +75,120 @@ def _private_dir() -> Path:
 
 
 @contextlib.asynccontextmanager
-async def proxied(domain: str, uri: str | None, path: str) -> AsyncIterator[None]:
-    """virt-qemu-qmp-proxy serving `domain` on `path` for the block, stopped after it.
+async def bridged(domain: str, uri: str | None, timeout: float) -> AsyncIterator[socket.socket]:
+    """A socket on which `domain`'s QMP monitor answers through libvirt's binding
+    (target/libvirt_bridge.py, a process of its own), greeting waiting, for the block.
 
-    The proxy runs in a session of its own, so a Ctrl-C meant for qmpprof leaves it to
+    The bridge runs in a session of its own, so a Ctrl-C meant for qmpprof leaves it to
     carry the `cont` that resumes the VM, and dies with qmpprof (setpriv --pdeathsig)
-    if qmpprof is killed. Raises UsageError when it cannot be run, another qmpprof's
-    proxy serves the domain, or the proxy exits (its own line says why: no such
-    domain, not running, no libvirt)."""
-    command = _proxy_command(domain, uri, path)
-    _claim(path, domain)
-    process = await asyncio.create_subprocess_exec(
-        *command,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    if qmpprof is killed. Closing the socket ends it, its libvirt connection closed.
+    Raises UsageError when it cannot run, says why it failed (no such domain, not
+    running, no libvirtd), or libvirt gives no greeting within `timeout` seconds."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        await _until_listening(process, path, domain)
-        yield
+        process = await asyncio.create_subprocess_exec(
+            *_bridge_command(domain, uri, theirs.fileno()),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            pass_fds=(theirs.fileno(),),
+            start_new_session=True,
+        )
+    except OSError as err:
+        ours.close()
+        raise UsageError(f"--libvirt: cannot run {bridge_python()}: {err.strerror}") from err
     finally:
-        await _stop(process)
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        theirs.close()
+    greeted = False
+    try:
+        await _until_greeting(process, ours, domain, timeout)
+        greeted = True
+        yield ours
+    finally:
+        ours.close()
+        await _stop(process, greeted)
 
 
-def _proxy_command(domain: str, uri: str | None, path: str) -> list[str]:
-    script = shutil.which(PROXY)
-    if script is None:
-        raise UsageError(f"--libvirt needs {PROXY} (Debian: apt-get install libvirt-clients-qemu)")
-    connect = ["--connect", uri] if uri else []
-    command = [*_interpreter(script), script, *connect, "--", domain, path]
+def _bridge_command(domain: str, uri: str | None, fd: int) -> list[str]:
+    # -I: isolated, so the script's own directory (where target/libvirt.py is) does not
+    # shadow the binding's `libvirt` module, nor do PYTHON* variables change anything.
+    command = [bridge_python(), "-I", str(BRIDGE), uri or "", domain, str(fd)]
     setpriv = shutil.which("setpriv")
     return [setpriv, "--pdeathsig", "KILL", *command] if setpriv else command
 
 
-def _interpreter(script: str) -> list[str]:
-    """The system's python3 for a proxy that asks for `env python3`: python3-libvirt is
-    installed for it, and the python3 first on PATH may be a virtualenv's or pyenv's,
-    which has no libvirt module."""
+def bridge_python() -> str:
+    """Ours when it has libvirt's binding (pip's libvirt-python), else the system's
+    python3, for which Debian's python3-libvirt is installed."""
+    if importlib.util.find_spec("libvirt") is not None or not os.path.exists(_SYSTEM_PYTHON):
+        return sys.executable
+    return _SYSTEM_PYTHON
+
+
+async def _until_greeting(
+    process: asyncio.subprocess.Process, sock: socket.socket, domain: str, timeout: float
+) -> None:
+    """Wait until the bridge's greeting can be read from `sock`; UsageError with its own
+    line if it exits first, or when `timeout` seconds pass."""
+    loop = asyncio.get_running_loop()
+    readable: asyncio.Future[int] = loop.create_future()
+
+    def greeted() -> None:
+        if not readable.done():
+            readable.set_result(0)
+
+    loop.add_reader(sock.fileno(), greeted)
+    exited: asyncio.Future[int] = asyncio.ensure_future(process.wait())
     try:
-        with open(script, "rb") as stream:
-            first = stream.readline()
-    except OSError:
-        return []
-    system = "/usr/bin/python3"
-    return [system] if first.strip() == b"#!/usr/bin/env python3" and os.path.exists(system) else []
+        await asyncio.wait({readable, exited}, timeout=timeout, return_when="FIRST_COMPLETED")
+    finally:
+        loop.remove_reader(sock.fileno())
+        exited.cancel()
+    if readable.done() and _has_data(sock):
+        return
+    if readable.done() or exited.done():
+        await process.wait()
+        raise UsageError(f"libvirt domain {domain}: {await _last_line(process)}")
+    raise UsageError(
+        f"libvirt domain {domain}: libvirt did not answer within {timeout:g} s (connecting "
+        f"to libvirtd and one QMP command through it; --connect-timeout waits longer)"
+    )
 
 
-def _claim(path: str, domain: str) -> None:
-    """Make way for our proxy at `path`: refuse when one listens there (another
-    qmpprof on this domain), remove a stale socket a killed one left."""
-    directory = os.path.dirname(path)
+def _has_data(sock: socket.socket) -> bool:
+    """Whether `sock` has bytes to read (not an end of file, nor an error)."""
     try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        info = os.lstat(directory)
-    except OSError as err:
-        raise UsageError(f"--libvirt: cannot make {directory}: {err.strerror}") from err
-    if info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise UsageError(f"--libvirt: {directory} is not private to this user")
-    if _listening(path):
-        raise UsageError(
-            f"libvirt domain {domain} is being profiled already (another qmpprof's proxy "
-            f"listens on {path})"
-        )
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-
-
-def _listening(path: str) -> bool:
-    """Whether something accepts connections on the unix socket `path`."""
-    try:
-        if not stat.S_ISSOCK(os.lstat(path).st_mode):
-            return False
-        with socket.socket(socket.AF_UNIX) as probe:
-            probe.setblocking(False)
-            probe.connect(path)
-        return True
-    except BlockingIOError:
-        return True  # its queue is full: someone is there
+        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
     except OSError:
         return False
 
 
-async def _until_listening(process: asyncio.subprocess.Process, path: str, domain: str) -> None:
-    """Wait, at most PROXY_START_S, until the proxy accepts on `path`; its own last
-    line, as UsageError, if it exits first."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + PROXY_START_S
-    while not _listening(path):
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(process.wait(), _POLL_S)
-        if process.returncode is not None:
-            raise UsageError(f"{PROXY} for libvirt domain {domain}: {await _last_line(process)}")
-        if loop.time() >= end:
-            raise UsageError(f"{PROXY} did not listen on {path} within {PROXY_START_S:g} s")
-
-
 async def _last_line(process: asyncio.subprocess.Process) -> str:
-    """What the proxy said last (its error), without its own path in front."""
-    output = await process.stdout.read() if process.stdout is not None else b""
+    """What the bridge said last (its error)."""
+    output = await process.stderr.read() if process.stderr is not None else b""
     lines = [line.strip() for line in output.decode(errors="replace").splitlines()]
-    last = next((line for line in reversed(lines) if line), f"exit status {process.returncode}")
-    last = re.sub(r"^\S*virt-qemu-qmp-proxy: ", "", last)
-    if "No module named 'libvirt'" in last:
-        last += " (Debian: apt-get install python3-libvirt)"
-    return last
+    return next((line for line in reversed(lines) if line), f"exit status {process.returncode}")
 
 
-async def _stop(process: asyncio.subprocess.Process) -> None:
-    if process.returncode is None:
-        process.terminate()
-        try:
-            await asyncio.wait_for(process.wait(), PROXY_STOP_S)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
+async def _stop(process: asyncio.subprocess.Process, patient: bool) -> None:
+    """Wait for the bridge, which ends once its socket closes, closing its libvirt
+    connection; SIGTERM, then SIGKILL, one that does not. Not `patient` (it never
+    greeted: stuck in libvirt, where no signal handler of Python's runs), SIGKILL."""
+    ends = (None, process.terminate, process.kill) if patient else (process.kill,)
+    for end in ends:
+        if end is not None and process.returncode is None:
+            end()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(process.wait(), BRIDGE_STOP_S)
+            return
+
+
+def dedicated_monitor(greeting: dict[str, object]) -> str | None:
+    """The domain's own QMP socket, which the bridge's greeting names when the domain's
+    XML gives QEMU one (target/libvirt_bridge.py), or None."""
+    ours = greeting.get("qmpprof")
+    monitor = ours.get("monitor") if isinstance(ours, dict) else None
+    return monitor if isinstance(monitor, str) and monitor else None
 
 
 async def find_qemu(session: QmpSession, uri: str | None) -> LibvirtQemu:

@@ -144,7 +144,7 @@ async def resume(
         session.resume_failed = True
         raise ResumeFailed(
             f"could not resume the VM qmpprof paused ({err}): "
-            f"run `qmpprof resume --qmp-socket {session.path}`"
+            f"run `{session.resume_hint or f'qmpprof resume --qmp-socket {session.path}'}`"
         ) from err
     raise MonitorStuck("QEMU's monitor stopped answering; the VM was resumed on a new connection")
 

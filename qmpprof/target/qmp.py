@@ -267,6 +267,11 @@ class QmpSession:
         #: says why the socket's peer is not it, when it is not.
         self.qemu_pid: int | None = None
         self.not_qemu: str | None = None
+        #: The greeting the other end sent (QEMU's, or a bridge's with more in it).
+        self.greeting: dict[str, Any] = {}
+        #: The command that resumes a VM this session left paused, when it is not
+        #: `qmpprof resume --qmp-socket PATH` (through libvirt: any command on the domain).
+        self.resume_hint: str | None = None
 
     @classmethod
     async def connect(cls, path: str, timeout: float = CONNECT_TIMEOUT_S) -> QmpSession:
@@ -275,6 +280,17 @@ class QmpSession:
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         sock = await _queued_socket(path, end, timeout)
+        return await cls.over(sock, path, timeout, end)
+
+    @classmethod
+    async def over(
+        cls, sock: socket.socket, path: str, timeout: float, end: float | None = None
+    ) -> QmpSession:
+        """A session on a connected socket `sock` (named `path` in messages and pause
+        markers), capabilities negotiated by loop time `end` (default: `timeout` from
+        now). The session owns the socket. Raises ConnectionFailed."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout if end is None else end
         try:
             _, protocol = await loop.create_unix_connection(_QmpProtocol, sock=sock)
         except OSError as err:
@@ -304,6 +320,7 @@ class QmpSession:
             raise ConnectionFailed(self.path, _NOT_QMP) from err
         if "QMP" not in greeting:
             raise ConnectionFailed(self.path, _NOT_QMP)
+        self.greeting = greeting
         # QEMU finishes the command a closed connection had running and sends its reply
         # to whoever is connected next (a qmpprof killed mid-tick leaves one): replies
         # are matched in order, so this first command carries an id and every reply

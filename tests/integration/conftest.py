@@ -6,10 +6,11 @@ import atexit
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +112,29 @@ def record_folded(
         frames, count = line.rsplit(" ", 1)
         stacks.append((frames.split(";"), int(count)))
     return done.stdout, stacks
+
+
+def interrupted_when(
+    args: list[str], seen: Callable[[str], bool], on_stderr: bool = False, group: bool = False
+) -> tuple[int, str]:
+    """qmpprof with `args` sent SIGINT once a line of its stdout (stderr with
+    `on_stderr`) is `seen`; its exit status and stderr after. `group`: it runs in a
+    process group of its own, signalled whole, as a shell job's Ctrl-C is."""
+    with subprocess.Popen(
+        [sys.executable, "-m", "qmpprof", *args],
+        stdout=subprocess.DEVNULL if on_stderr else subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=group,
+    ) as process:
+        stream = process.stderr if on_stderr else process.stdout
+        assert stream is not None
+        for line in stream:
+            if seen(line):
+                break
+        if group:
+            os.killpg(process.pid, signal.SIGINT)
+        else:
+            process.send_signal(signal.SIGINT)
+        rest = process.communicate(timeout=60)[1]
+    return process.returncode, rest

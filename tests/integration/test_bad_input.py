@@ -50,10 +50,14 @@ def test_dump_leaves_a_running_vm_running_and_a_paused_vm_paused(guest: Guest) -
 
 
 def test_record_never_resumes_a_vm_paused_by_the_user(guest: Guest, tmp_path: Path) -> None:
+    """Nothing sampled: the profile and the summary, then one line and exit 1."""
     guest.qmp_call("stop")
     done = run_qmpprof(*record_args(guest.qmp, guest.kernel, 1, tmp_path / "p.folded"))
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr
     assert "skipped while the VM was paused by others" in done.stdout
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("qmpprof: error: no sample taken: the VM was paused by someone else")
+    assert (tmp_path / "p.folded").exists()
     assert guest.status() == "paused"
 
 

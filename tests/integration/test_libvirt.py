@@ -5,19 +5,16 @@ guest for the whole file."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import run_qmpprof
+from tests.integration.conftest import interrupted_when, run_qmpprof
 from tests.libvirt_vm import USER, Libvirt, build_guest, example_domain, missing, private_libvirtd
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
@@ -66,24 +63,16 @@ def _libvirt_args(libvirt: Libvirt, kernel: Path, command: str = "record") -> li
 
 
 def test_ctrl_c_leaves_the_domain_running(libvirt: Libvirt, kernel: Path, tmp_path: Path) -> None:
-    """A Ctrl-C signals the terminal's whole process group: the proxy, in a session of
-    its own, lives on to carry the `cont` qmpprof sends before it stops the proxy."""
+    """A Ctrl-C signals the terminal's whole process group: the bridge, in a session of
+    its own, lives on to carry the commands qmpprof sends before it closes the bridge."""
     args = [*_libvirt_args(libvirt, kernel), "--duration", "60", "-o", str(tmp_path / "p.folded")]
-    with subprocess.Popen(
-        [sys.executable, "-m", "qmpprof", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group, as a shell job is
-    ) as process:
-        assert process.stderr is not None
-        for line in process.stderr:  # the recording has begun once it says so
-            if line.startswith("recording "):
-                break
-        os.killpg(process.pid, signal.SIGINT)
-        rest = process.communicate(timeout=60)[1]
-    assert process.returncode in (0, 130), rest
+    status, rest = interrupted_when(args, recording_began, on_stderr=True, group=True)
+    assert status in (0, 130), rest
     assert libvirt.domstate(DOMAIN) == "running"
+
+
+def recording_began(line: str) -> bool:
+    return line.startswith("recording ")
 
 
 def test_a_proxy_started_by_hand_needs_the_qemu_pid(libvirt: Libvirt, kernel: Path) -> None:

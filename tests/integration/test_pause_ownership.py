@@ -34,7 +34,13 @@ from qmpprof.record.sampler import LoopConfig, sample_loop
 from qmpprof.target.memory import HmpMemory
 from qmpprof.target.pause import PauseHold
 from qmpprof.target.qmp import QmpSession, paused
-from tests.integration.conftest import Guest, record_args, run_qmpprof, running_guest
+from tests.integration.conftest import (
+    Guest,
+    interrupted_when,
+    record_args,
+    run_qmpprof,
+    running_guest,
+)
 from tests.integration.watcher import PipeText, Watcher, freeze_between_ticks, watching
 
 
@@ -173,6 +179,45 @@ def test_dump_leaves_a_vm_paused_by_another_client_paused(watched: tuple[Guest, 
         done = run_qmpprof("dump", "--qmp-socket", guest.qmp, "--kernel", str(guest.kernel))
         assert done.returncode == 0, done.stderr
         assert_never_resumed(watcher, stopped_at)
+
+
+@pytest.mark.parametrize("mode", ["stop", "nonblocking"])
+def test_a_recording_of_a_vm_paused_throughout_is_an_error(
+    watched: tuple[Guest, str], tmp_path: Path, mode: str
+) -> None:
+    """Nothing sampled: the outputs asked for are written (with nothing in them), the
+    summary is printed, then one line says why and the exit status is 1."""
+    guest, other = watched
+    output, capture = tmp_path / "p.folded", tmp_path / "p.qmpcap"
+    extra = ["-o", str(capture)] + (["--nonblocking"] if mode == "nonblocking" else [])
+    with watching(other) as watcher:
+        assert watcher.stop_took_effect()
+        stopped_at = len(watcher.events)
+        done = run_qmpprof(*record_args(guest.qmp, guest.kernel, 1, output, *extra))
+        assert_never_resumed(watcher, stopped_at)
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "qmpprof: error: no sample taken: the VM was paused by someone else throughout ("
+    ), done.stderr
+    assert last.endswith("ticks skipped; it is left paused)")
+    assert output.exists() and capture.exists()
+    assert "skipped while the VM was paused by others" in done.stdout
+    assert guest.status() == "paused"
+
+
+def test_top_of_a_vm_paused_throughout_ends_with_the_error(watched: tuple[Guest, str]) -> None:
+    guest, other = watched
+    args = ["top", "--qmp-socket", guest.qmp, "--kernel", str(guest.kernel), "--refresh", "0.2"]
+    with watching(other) as watcher:
+        assert watcher.stop_took_effect()
+        stopped_at = len(watcher.events)
+        # until a snapshot counts a skipped tick
+        status, err = interrupted_when(args, lambda line: "paused by others" in line)
+        assert_never_resumed(watcher, stopped_at)
+    assert status == 1, err
+    assert err.strip().splitlines()[-1].startswith("qmpprof: error: no sample taken: the VM was")
+    assert guest.status() == "paused"
 
 
 async def test_a_stop_seen_before_ours_is_never_undone(watched: tuple[Guest, str]) -> None:

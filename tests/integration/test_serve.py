@@ -25,6 +25,7 @@ import pytest
 
 from tests.consumers.protobuf import decode_message, ints, messages, one
 from tests.guest_vm import Guest, boot_guest, running_guest, stop_guest
+from tests.integration.watcher import watching
 
 _LISTENING = re.compile(r"on http://127\.0\.0\.1:(\d+)/")
 #: Bounds on waits for something that happens within seconds (a loaded host is slow).
@@ -206,6 +207,22 @@ def test_a_vm_killed_gets_503_and_is_profiled_again_once_back(guest: Guest, work
             assert status == 503 and body.startswith(b"VM a: "), body
         finally:
             stop_guest(back)
+
+
+def test_a_vm_paused_by_someone_else_throughout_gets_503(workdir: Path) -> None:
+    """Nothing sampled: one line saying why, and the VM left paused."""
+    other = str(workdir / "other.sock")
+    accel = os.environ.get("ACCEL", "tcg")
+    with running_guest(workdir, "--accel", accel, "--extra-qmp", other) as guest:
+        with watching(other) as watcher, serving({"a": guest.qmp}, guest.kernel) as serve:
+            assert watcher.stop_took_effect()
+            status, _, body = serve.get("/debug/pprof/profile?seconds=1")
+        assert status == 503, body
+        assert body.startswith(
+            b"VM a: no sample taken: the VM was paused by someone else throughout ("
+        ), body
+        assert body.count(b"\n") == 1
+        assert guest.status() == "paused"
 
 
 class _Background:

@@ -113,6 +113,41 @@ def test_socket_that_never_greets(short_dir: Path) -> None:
         asyncio.run(QmpSession.connect(str(path), timeout=0.05))
 
 
+def test_connect_timeout_is_the_greeting_limit(qmpprof: Run, short_dir: Path) -> None:
+    path = short_dir / "silent.sock"
+    serve_once(path, None)
+    done = qmpprof("dump", "--qmp-socket", str(path), "--connect-timeout", "0.2")
+    assert_one_line_error(done, "no QMP greeting within 0.2 s")
+
+
+def _no_libvirt_binding() -> bool:
+    from qmpprof.target.libvirt import bridge_python
+
+    found = subprocess.run([bridge_python(), "-c", "import libvirt"], capture_output=True)
+    return found.returncode != 0
+
+
+@pytest.mark.skipif(_no_libvirt_binding(), reason="no libvirt Python binding (python3-libvirt)")
+@pytest.mark.parametrize(
+    ("uri", "domain", "expected"),
+    [
+        ("test:///default", "no-such", "libvirt domain no-such: Domain not found"),
+        # libvirt's test driver has a running domain, but no QEMU monitor to pass to
+        ("test:///default", "test", "not supported by the connection driver"),
+        (
+            "qemu+unix:///system?socket=/nonexistent/libvirt-sock",
+            "vm",
+            "cannot connect to libvirt (qemu+unix:///system?socket=/nonexistent/libvirt-sock): "
+            "Failed to connect socket",
+        ),
+    ],
+)
+def test_what_libvirt_says_is_one_line(qmpprof: Run, uri: str, domain: str, expected: str) -> None:
+    """libvirt's own test driver (in libvirt, no daemon) and a libvirtd not there."""
+    done = qmpprof("dump", "--libvirt", domain, "--libvirt-uri", uri)
+    assert_one_line_error(done, expected)
+
+
 def test_kernel_that_is_not_an_elf(qmpprof: Run, short_dir: Path) -> None:
     kernel = short_dir / "kernel"
     kernel.write_text("not an elf\n")
@@ -148,6 +183,10 @@ BAD_COMMAND_LINES = [
     (["--cpus", "a,b"], "--cpus: expected vCPU numbers"),
     (["--cpus", ","], "--cpus: expected vCPU numbers"),
     (["--format", "png"], "--format: invalid choice"),
+    (["--stop", "--nonblocking"], "not allowed with argument"),
+    (["top", "--nonblocking", "--stop"], "not allowed with argument"),
+    (["--connect-timeout", "0"], "--connect-timeout: must be a number from 0.1 to 3600 seconds"),
+    (["dump", "--connect-timeout", "nan"], "--connect-timeout: must be"),
     (["--no-such-flag"], "unrecognized arguments"),
 ]
 

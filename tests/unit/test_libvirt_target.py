@@ -1,4 +1,5 @@
-"""Where --libvirt looks for libvirt's pid file and puts its proxy's socket (pure)."""
+"""Where --libvirt looks for libvirt's pid file, what names its session, and a domain's own
+QMP socket in its XML (pure)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from qmpprof.target.libvirt import names_domain, pid_files, proxy_socket
+from qmpprof.target.libvirt_bridge import dedicated_monitor
 
 
 def test_pid_files_follow_the_connection_uri(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,3 +38,32 @@ def test_one_proxy_socket_per_uri_and_domain(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_a_process_not_started_by_libvirt_names_no_domain() -> None:
     assert not names_domain(os.getpid(), "vm")
+
+
+QEMU_NS = "xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'"
+
+
+def domain_xml(*args: str) -> str:
+    values = "".join(f"<qemu:arg value='{arg}'/>" for arg in args)
+    commandline = f"<qemu:commandline>{values}</qemu:commandline>"
+    return f"<domain type='qemu' {QEMU_NS}><name>vm</name>{commandline}</domain>"
+
+
+@pytest.mark.parametrize(
+    ("args", "monitor"),
+    [
+        (("-qmp", "unix:/run/qmpprof/vm.qmp,server=on,wait=off"), "/run/qmpprof/vm.qmp"),
+        (("-name", "x", "-qmp", "unix:/tmp/a.qmp,server,nowait"), "/tmp/a.qmp"),
+        (("-qmp", "unix:/tmp/a.qmp"), None),  # a client socket: QEMU connects out
+        (("-qmp", "tcp:127.0.0.1:4444,server=on"), None),
+        (("-monitor", "unix:/tmp/a.hmp,server=on"), None),
+        ((), None),
+    ],
+)
+def test_a_domains_own_qmp_socket_from_its_xml(args: tuple[str, ...], monitor: str | None) -> None:
+    assert dedicated_monitor(domain_xml(*args)) == monitor
+
+
+def test_xml_that_does_not_parse_names_no_socket() -> None:
+    assert dedicated_monitor("<domain") is None
+    assert dedicated_monitor("<domain><qemu:arg value='-qmp'/></domain>") is None
