@@ -151,7 +151,7 @@ linux-oracle: deps linux-guest  ## qmpprof vs GDB on the Linux guest: every kern
 I386_PAUSES ?= 150
 
 i386-oracle: deps guest  ## qmpprof vs GDB on the 32-bit example guest: 2-level and PAE paging, frame pointers and CFI, kernel and user workloads, I386_PAUSES pauses each
-	QMPPROF_I386_PAUSES=$(I386_PAUSES) QMPPROF_LINUX_I386=1 $(BIN)/pytest -q -s tests/integration/test_gdb_agreement_i386.py tests/integration/test_linux_i386.py
+	QMPPROF_I386_PAUSES=$(I386_PAUSES) $(BIN)/pytest -q -s tests/integration/test_gdb_agreement_i386.py tests/integration/test_linux_i386.py
 
 .PHONY: pictures
 pictures: deps linux-guest consumers  ## regenerate docs/images/ (flame graph, summary, top) from a real run of the Linux demo guest

@@ -190,6 +190,7 @@ class GdbMi:
     @contextmanager
     def symbols_from(self, elf: Path) -> Iterator[None]:
         """`elf`'s symbols (at its link addresses) loaded for the duration of the block."""
+        elf = elf.resolve()  # GDB removes a file by the path it resolved when adding it
         self.console(f"add-symbol-file {elf}")
         try:
             yield

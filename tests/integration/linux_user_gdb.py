@@ -114,8 +114,8 @@ def user_symbols(gdb: GdbMi, maps: list[Mapping], sysroot: Path) -> Iterator[lis
             added.append(file)
         yield files
     finally:
-        for file in added:
-            gdb.console(f"remove-symbol-file {file.host_path}")
+        for file in added:  # by the path GDB resolved when adding it
+            gdb.console(f"remove-symbol-file {file.host_path.resolve()}")
 
 
 def guest_bytes(gdb: GdbMi, thread: int, address: int, count: int) -> bytes:

@@ -6,6 +6,8 @@ frame, its 32-bit ones.
 
 GDB is the oracle where it can be one: through gdb-i386-proxy.py, GDB's i386
 architecture reads a vCPU stopped in crunch32's code as qemu-system-i386 would show it.
+Which samples are crunch32's user samples is GDB's word too (the 32-bit user code
+segment in CS), and qmpprof must say the same (user mode, 32-bit, crunch32).
 No one GDB unwinds a 64-bit kernel stack into 32-bit user frames, so the user part of
 those kernel samples is held to crunch32's documented chains instead (its functions,
 down to crunch_main and _start).
@@ -28,6 +30,9 @@ from tests.unit.test_symbols import nm_functions
 
 PROXY = ROOT / "examples" / "guest" / "gdb-i386-proxy.py"
 PAUSES = int(os.environ.get("QMPPROF_COMPAT_PAUSES", "30"))
+#: The guest's 32-bit user code segment (examples/guest/src/config.h): a vCPU whose CS
+#: GDB reads as this one runs crunch32's code, the only 32-bit program.
+USER32_CS = 0x3B
 
 
 @pytest.fixture
@@ -52,14 +57,18 @@ def test_a_32_bit_process_under_a_64_bit_kernel(compat_guest: tuple[Guest, GdbMi
     for _ in range(PAUSES):
         pause_randomly(gdb, rng)
         for vcpu in dump_json(guest, "--user-dir", str(guest.user_dir)):
-            process = vcpu["process"]
-            if process is None or process["name"] != "crunch32":
-                continue
+            process, thread = vcpu["process"], int(vcpu["vcpu"]) + 1
             frames = vcpu["frames"]
             ours = [(int(f["address"], 16), f["function"]) for f in frames]
-            if vcpu["mode"] == "user":
-                assert vcpu["bits"] == 32
-                user.add(gdb.frames(int(vcpu["vcpu"]) + 1), ours)
+            cs = gdb.evaluate("$cs", thread)
+            assert cs is not None, "GDB read no CS"
+            said = (vcpu["mode"], vcpu["bits"], process and process["name"])
+            if int(cs, 0) == USER32_CS:  # the oracle's class: crunch32's own code
+                assert said == ("user", 32, "crunch32"), said
+                user.add(gdb.frames(thread), ours)
+                continue
+            assert said[0] != "user" or said[2] != "crunch32", f"CS {cs}, qmpprof {said}"
+            if said[2] != "crunch32":
                 continue
             assert vcpu["bits"] == 64
             in_program = [f["function"] for f in frames if f["module"] == "crunch32.elf"]

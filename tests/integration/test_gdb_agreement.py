@@ -34,26 +34,41 @@ from tests.integration.gdb_mi import (
 )
 from tests.seeds import seeded
 
-REQUIRED_AGREEMENT = 0.99
+#: Every frame of every sample, as docs/accuracy.md says (measured: see there).
+REQUIRED_AGREEMENT = 1.0
+#: The example guest's idle loop (examples/guest/src/sched.c: sti; hlt), where a CPU with
+#: nothing to run waits: every halted vCPU's leaf, as GDB unwinds it.
+IDLE_LOOP = "cpu_idle"
+#: A vCPU's halt state in HMP's `info registers -a`: "CPU#1" starts its block, "HLT=1"
+#: ends its RIP line (QEMU 7.2's `info cpus` no longer says which vCPU is halted).
+HALT_STATE = re.compile(r"CPU#(\d+)\s.*?\bHLT=([01])", re.DOTALL)
 
 
 @dataclass
 class Tally:
+    #: The class GDB put these samples in (oracle_mode); "" where none is asked.
+    mode: str = ""
     pauses: int = 0
     agreed: int = 0
     in_interrupt: int = 0
     with_inlined: int = 0
-    disagreements: list[tuple[Frames, Frames]] = field(default_factory=list)
+    #: Samples whose stack agreed but that qmpprof put in another class.
+    mislabelled: int = 0
+    disagreements: list[tuple[Frames, Frames, str]] = field(default_factory=list)
 
-    def add(self, gdb: list[GdbFrame], ours: Frames) -> None:
+    def add(self, gdb: list[GdbFrame], ours: Frames, our_mode: str = "") -> None:
+        """One sample: GDB's frames, qmpprof's, and the class qmpprof gave it (its
+        `mode`), which must be this tally's."""
         self.pauses += 1
         self.in_interrupt += any(f.function == SIGNAL_FRAME for f in gdb)
         # an inlined call is listed above its caller, at the same address
         self.with_inlined += any(a.address == b.address for a, b in itertools.pairwise(gdb))
-        if agree(gdb, without_hidden_inline_leaf(ours, gdb)):
+        same_mode = our_mode == self.mode
+        if agree(gdb, without_hidden_inline_leaf(ours, gdb)) and same_mode:
             self.agreed += 1
-        else:
-            self.disagreements.append(([(f.address, f.function) for f in gdb], ours))
+            return
+        self.mislabelled += not same_mode
+        self.disagreements.append(([(f.address, f.function) for f in gdb], ours, our_mode))
 
     @property
     def agreement(self) -> float:
@@ -63,11 +78,11 @@ class Tally:
         lines = [
             f"{label}: agreement {self.agreement:.1%} of {self.pauses} pauses "
             f"({self.in_interrupt} inside the timer interrupt, "
-            f"{self.with_inlined} with inlined calls)"
+            f"{self.with_inlined} with inlined calls, {self.mislabelled} in another class)"
         ]
-        for gdb, ours in self.disagreements[:3]:
-            lines.append(f"  gdb:     {[(hex(a), n) for a, n in gdb]}")
-            lines.append(f"  qmpprof: {[(hex(a), n) for a, n in ours]}")
+        for gdb, ours, our_mode in self.disagreements[:3]:
+            lines.append(f"  gdb:     {self.mode or ''} {[(hex(a), n) for a, n in gdb]}")
+            lines.append(f"  qmpprof: {our_mode} {[(hex(a), n) for a, n in ours]}")
         return "\n".join(lines)
 
 
@@ -166,32 +181,58 @@ def gdb_frames_in(gdb: GdbMi, guest: Guest, vcpu: int, program: str | None) -> l
     path = guest.user_dir / f"{program}.elf" if guest.user_dir and program else None
     if path is None or not path.exists():
         return gdb.frames(thread)
-    gdb.console(f"add-symbol-file {path}")
-    try:
+    with gdb.symbols_from(path):
         return gdb.frames(thread)
-    finally:
-        gdb.console(f"remove-symbol-file {path}")
+
+
+def halted_vcpus(guest: Guest) -> set[int]:
+    """The vCPUs QEMU says are halted, read here from its `info registers -a` (the
+    text qmpprof parses too, but with none of qmpprof's code)."""
+    text = guest.qmp_call("human-monitor-command", {"command-line": "info registers -a"})
+    found = HALT_STATE.findall(str(text))
+    assert found, f"no vCPU in info registers: {text!r}"
+    return {int(vcpu) for vcpu, halted in found if halted == "1"}
+
+
+def oracle_mode(gdb: GdbMi, vcpu: int, frames: list[GdbFrame], halted: set[int]) -> str:
+    """The class of a vCPU's sample, from QEMU and GDB: idle when QEMU says it is halted
+    (and then GDB must find it in the guest's idle loop), otherwise kernel at CPL 0 and
+    user at CPL 3 (the low bits of CS, which GDB reads through the gdbstub). A vCPU woken
+    in the idle loop, still at its `jmp` past `hlt` and not yet in the interrupt, is a
+    kernel sample (seen once in 200 idle samples)."""
+    if vcpu in halted:
+        leaf = frames[0].function if frames else None
+        assert leaf == IDLE_LOOP, f"vCPU {vcpu} halted in {leaf}, not in {IDLE_LOOP}"
+        return "idle"
+    cs = gdb.evaluate("$cs", vcpu + 1)
+    assert cs is not None, "GDB read no CS"
+    return "kernel" if int(cs, 0) & 3 == 0 else "user"
 
 
 def run_user_workload_pauses(
     guest: Guest, gdb: GdbMi, pauses: int, name: str, *dump_args: str
 ) -> dict[str, Tally]:
     """Every vCPU's stack at `pauses` random points of the user workload, qmpprof's
-    against GDB's (with the symbols of the program the vCPU's address space runs), by
-    mode; the VM stays paused."""
+    against GDB's (with the symbols of the program the vCPU's address space runs), in
+    the class QEMU and GDB give it (oracle_mode), which must be qmpprof's `mode` too;
+    the VM stays paused."""
     rng = seeded(name)
-    tallies: dict[str, Tally] = {mode: Tally() for mode in ("user", "kernel", "idle")}
+    tallies: dict[str, Tally] = {mode: Tally(mode) for mode in ("user", "kernel", "idle")}
     programs: dict[int, str] = {}
     for _ in range(pauses):
         pause_randomly(gdb, rng)
         programs = programs or program_names(gdb)
+        halted = halted_vcpus(guest)
         for vcpu in dump_json(guest, "--user-dir", str(guest.user_dir), *dump_args):
             frames = vcpu["frames"]
             assert isinstance(frames, list)
             ours = [(int(f["address"], 16), f["function"]) for f in frames]
             program = programs.get(int(str(vcpu["cr3"]), 16))
-            expected = gdb_frames_in(gdb, guest, int(str(vcpu["vcpu"])), program)
-            tallies[str(vcpu["mode"])].add(expected, ours)
+            number = int(str(vcpu["vcpu"]))
+            expected = gdb_frames_in(gdb, guest, number, program)
+            tallies[oracle_mode(gdb, number, expected, halted)].add(
+                expected, ours, str(vcpu["mode"])
+            )
         assert guest.status() == "paused", "qmpprof resumed a VM that GDB holds"
     for mode, tally in tallies.items():
         print(tally.report(f"{name}, {mode} samples"))
@@ -204,6 +245,12 @@ def test_user_workload_on_two_vcpus_agrees_with_gdb(
     guest, gdb = user_gdb_guest
     pauses = int(os.environ.get("QMPPROF_GDB_PAUSES", "140"))
     tallies = run_user_workload_pauses(guest, gdb, pauses, "user workload")
-    assert tallies["user"].pauses > 0 and tallies["kernel"].pauses > 0
-    assert tallies["user"].agreement >= REQUIRED_AGREEMENT
-    assert tallies["kernel"].agreement >= REQUIRED_AGREEMENT
+    assert_every_class_agrees(tallies)
+
+
+def assert_every_class_agrees(tallies: dict[str, Tally]) -> None:
+    """User, kernel and idle samples each seen (two vCPUs, two busy programs and one
+    that sleeps: each class is about a third of the samples), each agreeing in full."""
+    for mode, tally in tallies.items():
+        assert tally.pauses > 0, f"no {mode} sample"
+        assert tally.agreement >= REQUIRED_AGREEMENT, tally.report(f"{mode} samples")

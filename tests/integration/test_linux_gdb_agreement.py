@@ -16,8 +16,12 @@ Each vCPU's sample falls in one class, decided from what GDB reads in the guest:
                   (pt_regs at the top of the task's stack), set into GDB's registers
                   for that one backtrace and restored exactly afterwards
   user            a user task in user mode
-The thresholds are issue 15's. Where GDB itself cannot be trusted, see
-`trusted_kernel_frames`.
+Every class must agree in full (docs/accuracy.md's figures: every class, every sample,
+over sweeps of 100 and 150 pauses). Where GDB itself cannot be trusted, see
+`trusted_kernel_frames`; the samples that have no oracle are counted apart, each decided
+from GDB's frames, never from qmpprof's: a leaf in __switch_to_asm (NO_ORACLE), and, for
+the whole stack only, a vCPU still saving the user's registers (saving_user_registers) or
+mid context switch (switching_address_space).
 
 At each pause qmpprof runs twice: given the debug vmlinux, loop.ko and each workload
 (`--user`), and given no file at all, as a user with a stock guest runs it (kernel,
@@ -120,7 +124,7 @@ IDLE, KTHREAD, USER_TASK_KERNEL, USER_TASK_WHOLE, USER = (
     "user task in the kernel, whole stack",
     "user",
 )
-THRESHOLDS = {IDLE: 0.98, KTHREAD: 0.98, USER_TASK_KERNEL: 0.98, USER_TASK_WHOLE: 0.90, USER: 0.98}
+THRESHOLDS = {IDLE: 1.0, KTHREAD: 1.0, USER_TASK_KERNEL: 1.0, USER_TASK_WHOLE: 1.0, USER: 1.0}
 #: A stop in __switch_to_asm's return stack buffer fill (test_a_stop_in_the_return_stack_
 #: buffer_fill_agrees_with_gdb), kernel frames only: the user frames below are the next
 #: task's, named after the task switched out (switching_address_space).
@@ -518,7 +522,8 @@ class ClassTally:
 
     @property
     def agreement(self) -> float:
-        return self.agreed / self.samples if self.samples else 1.0
+        """The share of samples that agreed; none for a class never seen."""
+        return self.agreed / self.samples if self.samples else 0.0
 
 
 @dataclass
@@ -541,6 +546,9 @@ class Agreement:
     slide: int = 0
     #: Samples with no oracle (NO_ORACLE), counted in no class.
     unjudged: int = 0
+    #: User tasks' kernel samples whose whole stack has no oracle (saving_user_registers,
+    #: switching_address_space): their kernel part is counted, their whole stack is not.
+    whole_unjudged: int = 0
 
     def add(self, seen: Observed, frames: Frames) -> None:
         if seen.kernel and seen.kernel[0].function in NO_ORACLE and seen.kind != SWITCHED:
@@ -582,6 +590,7 @@ class Agreement:
         self.classes[USER_TASK_KERNEL].add(kernel, observed, observed.kernel, ours)
         # GDB's own frames, its inlined calls included (context_switch inside __schedule).
         if saving_user_registers(seen) or switching_address_space(seen):
+            self.whole_unjudged += 1
             return
         whole = kernel and agree(observed.user, ours_user)
         self.classes[USER_TASK_WHOLE].add(whole, observed, observed.kernel + observed.user, ours)
@@ -590,6 +599,11 @@ class Agreement:
         lines = [f"Linux guest vs GDB: {self.pauses} pauses in {self.seconds:.0f} s ({self.guest})"]
         if self.unjudged:
             lines.append(f"  no oracle (a leaf in {', '.join(sorted(NO_ORACLE))}): {self.unjudged}")
+        if self.whole_unjudged:
+            lines.append(
+                f"  whole stack without an oracle (saving the user's registers, or mid context"
+                f" switch): {self.whole_unjudged}"
+            )
         for kind, tally in self.classes.items():
             if kind == SWITCHED and not tally.samples:
                 continue  # only its own test stops there
@@ -732,9 +746,11 @@ def switching_address_space(observed: Observed) -> bool:
 
 
 def check(result: Agreement, kind: str) -> None:
+    """Every sample of `kind` agrees, and there is one: each test asks it of the guest
+    whose workloads give that class (the busy one user tasks, the quiet one idle CPUs
+    and the loop device's kworker)."""
     tally = result.classes[kind]
-    if tally.samples == 0:  # the workloads keep both CPUs busy: idle time is rare
-        pytest.skip(f"no {kind} sample in {result.pauses} pauses")
+    assert tally.samples > 0, f"no {kind} sample in {result.pauses} pauses\n{result.table()}"
     assert tally.agreement >= THRESHOLDS[kind], result.table()
 
 
@@ -775,10 +791,14 @@ def test_whole_stack_of_user_task_kernel_samples_agrees_with_gdb(agreement: Agre
 def test_a_wider_sweep_agrees_with_gdb_in_every_class(
     linux_under_gdb: tuple[LinuxGuest, LinuxOracle],
 ) -> None:
-    """Every threshold at once, over many more pauses; the ORC classes fail until it merges."""
+    """Every class at once, over many more pauses."""
     result = measure(*linux_under_gdb, SWEEP_PAUSES, "linux gdb sweep")
+    # The busy guest may give no idle or kernel-thread sample (the quiet guest's tests
+    # ask for them); a stop in __switch_to_asm's fill comes only from its own test.
+    may_be_empty = {IDLE, KTHREAD, SWITCHED}
     for tally in (result, from_memory(result)):
-        failed = [kind for kind in THRESHOLDS if tally.classes[kind].agreement < THRESHOLDS[kind]]
+        seen = {k for k, c in tally.classes.items() if c.samples or k not in may_be_empty}
+        failed = [k for k in seen if tally.classes[k].agreement < THRESHOLDS[k]]
         assert not failed, tally.table()
 
 
