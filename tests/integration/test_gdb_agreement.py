@@ -248,9 +248,10 @@ def test_user_workload_on_two_vcpus_agrees_with_gdb(
     assert_every_class_agrees(tallies)
 
 
-def assert_every_class_agrees(tallies: dict[str, Tally]) -> None:
+def assert_every_class_agrees(tallies: dict[str, Tally], tolerated: int = 0) -> None:
     """User, kernel and idle samples each seen (two vCPUs, two busy programs and one
-    that sleeps: each class is about a third of the samples), each agreeing in full."""
+    that sleeps: each class is about a third of the samples), each agreeing in full, or
+    but for `tolerated` samples of a class (a known, counted gap the docs state)."""
     for mode, tally in tallies.items():
         assert tally.pauses > 0, f"no {mode} sample"
-        assert tally.agreement >= REQUIRED_AGREEMENT, tally.report(f"{mode} samples")
+        assert tally.pauses - tally.agreed <= tolerated, tally.report(f"{mode} samples")
