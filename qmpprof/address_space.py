@@ -202,12 +202,10 @@ class AddressSpace:
         return self._all_words
 
     def starts_function(self, address: int) -> bool:
-        """Whether a symbol of the module mapped there starts at `address`."""
+        """Whether a symbol of the module mapped there (an assembly label included)
+        starts at `address`."""
         found = self.symbols_at(address)
-        if found is None:
-            return False
-        located = found[0].lookup(address - found[1])
-        return located is not None and located[1] == 0
+        return found is not None and found[0].starts_at(address - found[1])
 
     def symbols_at(self, address: int) -> tuple[SymbolTable, int] | None:
         """The symbols of the module mapped at `address` and its bias (SymbolSource)."""

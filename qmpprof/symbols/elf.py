@@ -210,6 +210,14 @@ class SymbolTable:
             return None
         return self._symbol(index), offset
 
+    def starts_at(self, address: int) -> bool:
+        """Whether a symbol starts at `address`, an assembly label inside a function
+        included: `lookup` names the function around a label, but the label may still
+        be code a call enters (the kernel's `__x86_indirect_thunk_r12`, inside the
+        sized `__x86_indirect_thunk_array`), as kallsyms, which has no sizes, says."""
+        index = bisect.bisect_left(self._starts, address)
+        return index < len(self._starts) and self._starts[index] == address
+
     def find(self, name: str) -> Symbol | None:
         """The symbol called `name`, if any."""
         try:

@@ -48,6 +48,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -179,6 +180,17 @@ class Task:
     flags: int
     comm: str
     stack: int
+    tgid: int
+
+    @property
+    def label(self) -> str:
+        """How qmpprof must label a sample of this task (as perf and ps do): the idle
+        task `[idle]`, a kernel thread `[comm]`, a user task `comm (tgid)`."""
+        if self.pid == 0:
+            return "[idle]"
+        if self.flags & PF_KTHREAD:
+            return f"[{self.comm}]"
+        return f"{self.comm} ({self.tgid})"
 
 
 @dataclass(frozen=True)
@@ -190,8 +202,11 @@ class Observed:
     kernel_complete: bool  # False: cut at an entry frame, more may follow in truth
     user: list[GdbFrame]
     comm: str
-    #: The user frames come from the registers the entry pushed, not from the task's copy.
-    user_from_entry: bool = False
+    #: The user registers GDB read are whole: where the entry pushed them (not yet
+    #: copied to the task's stack), or in pt_regs on the way back to user space.
+    user_registers_whole: bool = False
+    #: The label of the task GDB reads as current (Task.label).
+    label: str = ""
 
 
 @dataclass(frozen=True)
@@ -288,12 +303,16 @@ class LinuxOracle:
             self.number(f"{field}flags", thread),
             quoted.group(1) if quoted else "",
             self.number(f"(unsigned long){field}stack", thread),
+            self.number(f"{field}tgid", thread),
         )
 
     def observe(self, thread: int, pushed_at: int | None = None) -> Observed:
         """`pushed_at`: where the entry pushed the user registers, when they are not yet
         copied to the task's stack (a stop at sync_regs's first instruction)."""
         task = self.task(thread)
+        return replace(self._observe(thread, task, pushed_at), label=task.label)
+
+    def _observe(self, thread: int, task: Task, pushed_at: int | None) -> Observed:
         user_mode = self.number("$cs", thread) & 3 == 3
         if user_mode:
             return Observed(USER, [], True, self.user_frames(thread, task.comm), task.comm)
@@ -368,7 +387,8 @@ class LinuxOracle:
             above = self.frames(thread)
         frames = [GdbFrame(0, leaf, "__switch_to_asm"), *above]
         kernel, complete = trusted_kernel_frames(frames)
-        return Observed(SWITCHED, kernel, complete, [], self.task(thread).comm)
+        task = self.task(thread)
+        return Observed(SWITCHED, kernel, complete, [], task.comm, label=task.label)
 
     def word(self, address: int) -> int:
         return int.from_bytes(self.gdb.read_memory(address, 8), "little")
@@ -509,12 +529,16 @@ class ClassTally:
     agreed: int = 0
     disagreements: list[str] = field(default_factory=list)
 
-    def add(self, agrees: bool, observed: Observed, gdb: list[GdbFrame], ours: Frames) -> None:
+    def add(
+        self, agrees: bool, observed: Observed, gdb: list[GdbFrame], ours: Frames, label: str
+    ) -> None:
+        """`label`: qmpprof's, which must be the task's as GDB read it."""
+        agrees = agrees and label == observed.label
         self.samples += 1
         self.agreed += agrees
         if not agrees:
             self.disagreements.append(
-                f"{observed.comm}:\n"
+                f"{observed.label}, labelled {label!r} by qmpprof:\n"
                 f"    gdb:     {[(hex(f.address), f.function) for f in gdb]}"
                 f"{'' if observed.kernel_complete else ' (GDB cut at the entry frame)'}\n"
                 f"    qmpprof: {[(hex(a), n) for a, n in ours]}"
@@ -550,7 +574,8 @@ class Agreement:
     #: switching_address_space): their kernel part is counted, their whole stack is not.
     whole_unjudged: int = 0
 
-    def add(self, seen: Observed, frames: Frames) -> None:
+    def add(self, seen: Observed, dumped: Dumped) -> None:
+        label, frames = dumped
         if seen.kernel and seen.kernel[0].function in NO_ORACLE and seen.kind != SWITCHED:
             self.unjudged += 1
             return
@@ -572,28 +597,28 @@ class Agreement:
         ours_kernel = [(a, n) for a, n in ours if a >= KERNEL_HALF]
         ours_user = [(a, n) for a, n in ours if a < KERNEL_HALF]
         if observed.kind == USER:
-            self.classes[USER].add(agree(observed.user, ours), observed, observed.user, ours)
+            self.classes[USER].add(agree(observed.user, ours), observed, observed.user, ours, label)
             return
         kernel = kernel_part_agrees(observed, ours_kernel)
         if observed.kind == SWITCHED:
-            self.classes[SWITCHED].add(kernel, observed, observed.kernel, ours)
+            self.classes[SWITCHED].add(kernel, observed, observed.kernel, ours, label)
             return
         if observed.kind != USER_TASK_KERNEL:
             # Mid context switch RSP is already on the next task's stack while `current`
             # still names the idle task or kernel thread switched out: the next task's
             # user frames may follow (seen: swapper/0 in __switch_to over a pread).
             user_allowed = switching_address_space(seen)
-            self.classes[observed.kind].add(
-                kernel and (user_allowed or not ours_user), observed, observed.kernel, ours
-            )
+            agrees = kernel and (user_allowed or not ours_user)
+            self.classes[observed.kind].add(agrees, observed, observed.kernel, ours, label)
             return
-        self.classes[USER_TASK_KERNEL].add(kernel, observed, observed.kernel, ours)
+        self.classes[USER_TASK_KERNEL].add(kernel, observed, observed.kernel, ours, label)
         # GDB's own frames, its inlined calls included (context_switch inside __schedule).
         if saving_user_registers(seen) or switching_address_space(seen):
             self.whole_unjudged += 1
             return
         whole = kernel and agree(observed.user, ours_user)
-        self.classes[USER_TASK_WHOLE].add(whole, observed, observed.kernel + observed.user, ours)
+        both = observed.kernel + observed.user
+        self.classes[USER_TASK_WHOLE].add(whole, observed, both, ours, label)
 
     def table(self) -> str:
         lines = [f"Linux guest vs GDB: {self.pauses} pauses in {self.seconds:.0f} s ({self.guest})"]
@@ -617,21 +642,33 @@ class Agreement:
         return "\n".join(lines)
 
 
+class Dumped(NamedTuple):
+    """One vCPU in `dump --json`: its process's label (`comm (pid)` as perf draws it, a
+    kernel thread `[comm]`, idle `[idle]`) and its frames."""
+
+    label: str
+    frames: Frames
+
+    @classmethod
+    def of(cls, vcpu: dict[str, Any]) -> Dumped:
+        process = vcpu["process"] or {"pid": None, "name": ""}
+        pid = process["pid"]
+        label = process["name"] if pid is None else f"{process['name']} ({pid})"
+        return cls(label, [(int(f["address"], 16), f["function"]) for f in vcpu["frames"]])
+
+
 def qmpprof_frames(
     guest: LinuxGuest, module_dir: Path | None, from_memory: bool = False
-) -> dict[int, Frames]:
-    """`dump --json`'s frames per vCPU, given the debug vmlinux, loop.ko and the
-    workloads, or with `from_memory` none of them: the kernel, its modules and the
-    programs read from the guest's memory (the page cache holds the initramfs's files)."""
+) -> dict[int, Dumped]:
+    """`dump --json`'s vCPUs, given the debug vmlinux, loop.ko and the workloads, or with
+    `from_memory` none of them: the kernel, its modules and the programs read from the
+    guest's memory (the page cache holds the initramfs's files)."""
     users = [] if from_memory else [a for n in PROGRAMS for a in ("--user", str(BUILD / n))]
     modules = ["--module-dir", str(module_dir)] if module_dir and not from_memory else []
     kernel = [] if from_memory else ["--kernel", str(guest.kernel)]
     done = run_cached("dump", "--json", "--qmp-socket", guest.qmp, *kernel, *users, *modules)
     assert done.returncode == 0, done.stderr
-    return {
-        int(vcpu["vcpu"]): [(int(f["address"], 16), f["function"]) for f in vcpu["frames"]]
-        for vcpu in json.loads(done.stdout)["vcpus"]
-    }
+    return {int(vcpu["vcpu"]): Dumped.of(vcpu) for vcpu in json.loads(done.stdout)["vcpus"]}
 
 
 def measure(guest: LinuxGuest, oracle: LinuxOracle, pauses: int, name: str) -> Agreement:
@@ -730,7 +767,7 @@ def saving_user_registers(observed: Observed) -> bool:
     registers with the last one's (seen: `__libc_write` under `ask_parent`, which only calls
     `getppid`), so the whole stack has no oracle there; its kernel part still counts."""
     leaf = observed.kernel[0].function if observed.kernel else None
-    if observed.user_from_entry or leaf is None:
+    if observed.user_registers_whole or leaf is None:
         return False
     return ENTRY.fullmatch(leaf) is not None or leaf == "sync_regs"  # copying them
 
@@ -810,7 +847,13 @@ def from_memory(result: Agreement) -> Agreement:
 def stop_at(gdb: GdbMi, pc: int) -> tuple[int, str]:
     """Run the VM until a vCPU reaches `pc` (a hardware breakpoint, then deleted): that
     vCPU's GDB thread, and GDB's record of the stop."""
-    gdb.command(f"-break-insert -h *{pc:#x}")
+    return stop_at_any(gdb, [pc])
+
+
+def stop_at_any(gdb: GdbMi, pcs: list[int]) -> tuple[int, str]:
+    """stop_at, for the first vCPU to reach any of `pcs`."""
+    for pc in pcs:
+        gdb.command(f"-break-insert -h *{pc:#x}")
     gdb.resume()
     stopped = gdb.wait_for("*stopped")[-1]
     gdb.command("-break-delete")
@@ -825,6 +868,19 @@ def judge(
     `result`) and given none (in its `memory`), against what GDB `observed`."""
     result.add(observed, qmpprof_frames(guest, oracle.module_dir)[thread - 1])
     from_memory(result).add(observed, qmpprof_frames(guest, oracle.module_dir, True)[thread - 1])
+
+
+def every_stop_agreed(result: Agreement, kind: str | None, stops: int) -> None:
+    """Both tallies printed, given the vmlinux and given no file; in each, `stops`
+    samples of class `kind`, all agreeing (kind None: at least `stops` samples over
+    the classes, every one agreeing)."""
+    print(result.table())
+    print(from_memory(result).table())
+    for tally in (result, from_memory(result)):
+        judged = [tally.classes[kind]] if kind is not None else tally.classes.values()
+        samples = sum(t.samples for t in judged)
+        assert samples == stops if kind is not None else samples >= stops, tally.table()
+        assert all(t.agreed == t.samples for t in judged), tally.table()
 
 
 #: Stops at sync_regs's first instruction.
@@ -844,18 +900,14 @@ def test_a_stop_in_sync_regs_agrees_with_gdb(
     guest, oracle = linux_under_gdb
     (site,) = nm_symbols(guest.kernel)["sync_regs"]
     site += kernel_slide(guest)
-    result, memory = agreements(guest, SYNC_REGS_STOPS, ", stopped in sync_regs")
+    result, _ = agreements(guest, SYNC_REGS_STOPS, ", stopped in sync_regs")
     gdb = oracle.gdb
     for _ in range(SYNC_REGS_STOPS):
         thread, stopped = stop_at(gdb, site)
         observed = oracle.observe(thread, pushed_at=oracle.number("$rdi", thread))
         assert observed.kind == USER_TASK_KERNEL and observed.kernel[0].address == site, stopped
         judge(result, guest, oracle, thread, observed)
-    print(result.table())
-    print(memory.table())
-    for tally in (result, memory):
-        whole = tally.classes[USER_TASK_WHOLE]
-        assert whole.agreed == whole.samples == SYNC_REGS_STOPS, tally.table()
+    every_stop_agreed(result, USER_TASK_WHOLE, SYNC_REGS_STOPS)
 
 
 #: One slot of a return stack buffer fill (a call past an int3), and the `add` that
@@ -884,17 +936,90 @@ def test_a_stop_in_the_return_stack_buffer_fill_agrees_with_gdb(
     assert code[first + 6 : first + 16] == FILL_SLOT + DROP_TWO_SLOTS, code.hex()
     fill = range(switch + first, switch + first + 16)
     stops = {fill.start: 0, fill.start + 6: 8, fill.start + 12: 16}
-    result, memory = agreements(guest, len(stops), ", stopped in the return stack buffer fill")
+    result, _ = agreements(guest, len(stops), ", stopped in the return stack buffer fill")
     for pc, pushed in stops.items():
         thread, stopped = stop_at(gdb, pc)
         observed = oracle.observe_switch(thread, fill, pushed)
         assert observed.kernel[0].address == pc, stopped
         judge(result, guest, oracle, thread, observed)
-    print(result.table())
-    print(memory.table())
-    for tally in (result, memory):
-        switched = tally.classes[SWITCHED]
-        assert switched.agreed == switched.samples == len(stops), tally.table()
+    every_stop_agreed(result, SWITCHED, len(stops))
+
+
+#: The instruction after the system-call and interrupt exits switch to the CPU's entry
+#: stack, pt_regs popped (`pushq RSP-RDI(%rdi)`, `pushq 6*8(%rdi)`): from the symbol
+#: whose code holds it, its bytes.
+RETURN_STOPS = {"entry_SYSCALL_64": b"\xff\x77\x28", "common_interrupt_return": b"\xff\x77\x30"}
+#: Stops at each.
+RETURN_STOP_COUNT = 2
+
+
+def return_stop(gdb: GdbMi, guest: LinuxGuest, symbol: str) -> int:
+    """The address in `symbol`'s code of RETURN_STOPS' instruction, read by GDB."""
+    names = nm_symbols(guest.kernel)
+    (start,) = names.get(symbol) or names["swapgs_restore_regs_and_return_to_usermode"]
+    start += kernel_slide(guest)
+    code = gdb.read_memory(start, 512)
+    at = code.find(RETURN_STOPS[symbol])
+    assert at >= 0, f"no {RETURN_STOPS[symbol].hex()} in {symbol}: {code.hex()}"
+    return start + at
+
+
+def test_a_stop_on_the_way_back_to_user_space_agrees_with_gdb(
+    linux_under_gdb: tuple[LinuxGuest, LinuxOracle],
+) -> None:
+    """A vCPU stopped (GDB breakpoints) in the exits to user mode of a system call
+    (sysretq's path) and of an interrupt or exception (iretq's), once pt_regs are popped
+    and the CPU's entry stack is loaded: the kernel's ORC ends the stack there, and the
+    user frames come from the registers the task's pt_regs still hold, as they will be
+    restored (analysis.py's _with_user_side). Random pauses rarely land there. GDB's
+    user frames come from that pt_regs; qmpprof, with the vmlinux and with none, must
+    agree on every stop, the whole stack included."""
+    guest, oracle = linux_under_gdb
+    gdb = oracle.gdb
+    sites = {symbol: return_stop(gdb, guest, symbol) for symbol in RETURN_STOPS}
+    stops = len(sites) * RETURN_STOP_COUNT
+    result, _ = agreements(guest, stops, ", stopped on the way back to user space")
+    for site in sites.values():
+        for _ in range(RETURN_STOP_COUNT):
+            thread, stopped = stop_at(gdb, site)
+            observed = replace(oracle.observe(thread), user_registers_whole=True)
+            assert observed.kind == USER_TASK_KERNEL and observed.user, stopped
+            assert observed.kernel[0].address == site, stopped
+            judge(result, guest, oracle, thread, observed)
+    every_stop_agreed(result, USER_TASK_WHOLE, stops)
+
+
+#: Stops at the first instruction of a retpoline thunk.
+THUNK_STOPS = 4
+
+
+def test_a_stop_at_a_retpoline_thunk_agrees_with_gdb(
+    linux_under_gdb: tuple[LinuxGuest, LinuxOracle],
+) -> None:
+    """A vCPU stopped (GDB breakpoints) at the first instruction of a retpoline thunk
+    other than %rax's: `__x86_indirect_thunk_r12` and the others are labels inside the
+    sized `__x86_indirect_thunk_array`. ORC ends the stack in the thunks, and the caller
+    is the return address at RSP, as at any function's first instruction; given the
+    vmlinux, qmpprof took the label for a spot inside the array and went from the thunk
+    straight to the interrupted user code, its callers left out (seen once in a random
+    pause, 2026-11-28: call_timer_fn's `cs call __x86_indirect_thunk_r12` in a softirq).
+    qmpprof, with the vmlinux and with none, must agree on every stop."""
+    guest, oracle = linux_under_gdb
+    symbols, slide = nm_symbols(guest.kernel), kernel_slide(guest)
+    (array,) = symbols["__x86_indirect_thunk_array"]
+    thunks = [
+        min(symbols[name]) + slide
+        for name in symbols
+        if name.startswith("__x86_indirect_thunk_r") and min(symbols[name]) != array
+    ]
+    assert len(thunks) >= 8, sorted(symbols)[:20]
+    result, _ = agreements(guest, THUNK_STOPS, ", stopped at a retpoline thunk")
+    for _ in range(THUNK_STOPS):
+        thread, stopped = stop_at_any(oracle.gdb, thunks)
+        observed = oracle.observe(thread)
+        assert observed.kernel[0].address in thunks, stopped
+        judge(result, guest, oracle, thread, observed)
+    every_stop_agreed(result, None, THUNK_STOPS)
 
 
 def test_user_samples_agree_with_gdb_without_a_kernel_file(agreement: Agreement) -> None:

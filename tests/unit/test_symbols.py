@@ -239,6 +239,23 @@ def test_a_label_inside_a_function_is_named_as_gdb_names_it(tmp_path: Path) -> N
         assert ours == _gdb_info_symbol(elf, address)
 
 
+def test_every_symbol_nm_lists_starts_code_a_label_inside_a_function_too(
+    tmp_path: Path,
+) -> None:
+    """Where a function starts decides whether the return address is at RSP (the
+    unwinder's starts_function): a label inside a sized function starts code a call
+    may enter (the kernel's retpoline thunks inside __x86_indirect_thunk_array), so
+    every address nm lists starts one, and the bytes after it none."""
+    elf = build_elf("labels.S", tmp_path, "-nostdlib", "-static", "-no-pie")
+    table = load_symbols(elf)
+    listed = {int(address, 16) for address in _nm(elf).values()}
+    code = {int(_nm(elf)[name], 16) for name in ("_start", "inner_label", "lone_label")}
+    assert code <= listed
+    for address in code:
+        assert table.starts_at(address)
+        assert not table.starts_at(address + 1)
+
+
 def _nm(elf: Path) -> dict[str, str]:
     lines = subprocess.run(["nm", str(elf)], capture_output=True, text=True, check=True).stdout
     return {parts[2]: parts[0] for parts in (line.split() for line in lines.splitlines())}
