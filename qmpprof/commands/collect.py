@@ -135,11 +135,7 @@ class Collector:
         self.analyzer = analyzer
         self.profile = profile
         self.samples: list[Sample] = []
-        # A kernel known before connecting is a file given (--kernel); one read from
-        # the guest's memory comes later and is reported on, never stopped for.
-        self.coverage = KernelCoverage(
-            kernel_bits=analyzer.kernel_bits, kernel_given=analyzer.kernel is not None
-        )
+        self.coverage = KernelCoverage.of(analyzer)
         #: The process-maps reader's counts (`record` sets them once connected).
         self.maps_stats: MapsStats | None = None
         #: Capture files, given once open (`keep_in`): `record` opens them once connected.
@@ -172,13 +168,12 @@ class Collector:
     def add(self, sample: Sample) -> None:
         self.profile.add(sample)
         self.samples.append(sample)
-        self.coverage.kernel_bits = self.analyzer.kernel_bits  # a kernel read once connected
         self.coverage.add(sample)
 
     def symbol_problems(self) -> list[str]:
         """The summary's line on kernel-mode PCs left unnamed with no --kernel given
         (KernelCoverage.unnamed_line), if any."""
-        line = self.coverage.unnamed_line(self.analyzer.kernel is not None)
+        line = self.coverage.unnamed_line()
         return [line] if line is not None else []
 
     def write_outputs(

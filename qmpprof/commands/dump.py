@@ -53,8 +53,9 @@ async def run_dump(options: DumpOptions, out: Printer) -> None:
         out.out(dump_json(samples, sources, options.lines), highlight=False)
     else:
         out.out(dump_text(samples, sources, options.lines), highlight=False, end="")
-    coverage = KernelCoverage(min_samples=1, kernel_bits=analyzer.kernel_bits)
+    given = options.target.kernel is not None
+    coverage = KernelCoverage(min_samples=1, kernel_bits=analyzer.kernel_bits, kernel_given=given)
     for sample in samples:
         coverage.add(sample)
-    if options.target.kernel is not None and coverage.mismatched:
+    if coverage.mismatched:
         raise KernelMismatch(coverage.describe(str(options.target.kernel)))

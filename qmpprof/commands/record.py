@@ -264,7 +264,7 @@ def _finish(
     raise_for_failures(written)
     if host is not None and host.error is not None:
         raise HostProfileFailed(f"{host.error} (the profile written is the guest's alone)")
-    if collector.coverage.mismatched and options.target.kernel is not None:
+    if collector.coverage.mismatched:
         raise KernelMismatch(collector.coverage.describe(str(options.target.kernel)))
     if (why := why_nothing_sampled(stats)) is not None:
         raise NothingSampled(why)

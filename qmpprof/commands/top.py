@@ -87,7 +87,7 @@ async def run_top(options: TopOptions, out: Console) -> None:
     analysis.tell()
     if ended.ended_by is not None:
         raise QmpprofError(f"top stopped: {ended.ended_by} ({ended.ticks} ticks)")
-    if analysis.coverage.mismatched and options.target.kernel is not None:
+    if analysis.coverage.mismatched:
         raise KernelMismatch(analysis.coverage.describe(str(options.target.kernel)))
     if (why := why_nothing_sampled(ended)) is not None:
         raise NothingSampled(why)
@@ -102,9 +102,7 @@ class _Analysis:
         self.analyzer = analyzer
         self.stats = stats
         self.stop = stop
-        self.coverage = KernelCoverage(
-            kernel_bits=analyzer.kernel_bits, kernel_given=analyzer.kernel is not None
-        )
+        self.coverage = KernelCoverage.of(analyzer)
         self.unanalysed = 0
         self.last_error = ""
 
@@ -116,14 +114,13 @@ class _Analysis:
             self.last_error = f"{type(err).__name__}: {err}"
             return
         self.stats.add(sample)
-        self.coverage.kernel_bits = self.analyzer.kernel_bits  # a kernel read once connected
         self.coverage.add(sample)
         if self.coverage.mismatched:
             self.stop.set()
 
     def tell(self) -> None:
         """Once the view is gone: one line each on stderr for what it could not show."""
-        lines = [self.coverage.unnamed_line(self.analyzer.kernel is not None)]
+        lines = [self.coverage.unnamed_line()]
         if self.unanalysed:
             error = visible(self.last_error)
             lines.append(f"samples that could not be analysed: {self.unanalysed} (last: {error})")

@@ -4,9 +4,21 @@ kernel) that is profiled with bare addresses and told how to name them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from qmpprof.model import Mode, Sample
+
+
+class KernelHolder(Protocol):
+    """What holds the kernel's symbols (analysis.Analyzer): the kernel, once known, and
+    the width of its code."""
+
+    @property
+    def kernel(self) -> object | None: ...
+
+    @property
+    def kernel_bits(self) -> int: ...
 
 
 @dataclass
@@ -32,8 +44,23 @@ class KernelCoverage:
     #: Every kernel-mode sample whatever the vCPU's width, and how many name their PC.
     privileged: int = 0
     named: int = 0
+    #: Where `kernel_bits` and whether there is a kernel are read as samples come (`of`).
+    source: KernelHolder | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, analyzer: KernelHolder) -> KernelCoverage:
+        """Coverage of the samples `analyzer` symbolizes, made before connecting: a
+        kernel it holds then is a file given (--kernel); one read from the guest's
+        memory comes later, and is reported on, never stopped for."""
+        return cls(
+            kernel_bits=analyzer.kernel_bits,
+            kernel_given=analyzer.kernel is not None,
+            source=analyzer,
+        )
 
     def add(self, sample: Sample) -> None:
+        if self.source is not None:  # a kernel read once connected
+            self.kernel_bits = self.source.kernel_bits
         if sample.mode is Mode.USER:  # `hlt` is privileged: idle PCs are kernel PCs too
             return
         known = sample.frames[0].function is not None
@@ -61,13 +88,15 @@ class KernelCoverage:
             "kernel-mode PCs are outside its symbols"
         )
 
-    def unnamed_line(self, has_kernel: bool) -> str | None:
+    def unnamed_line(self, has_kernel: bool | None = None) -> str | None:
         """The summary's line when kernel-mode PCs went unnamed with no --kernel given
-        (None otherwise): with no kernel at all (`has_kernel` false: none given, none
-        read from the guest's memory), all of them; with one read from the guest's
-        memory, more than half of them."""
+        (None otherwise): with no kernel at all (`has_kernel` false, by default whether
+        `source` has one: none given, none read from the guest's memory), all of them;
+        with one read from the guest's memory, more than half of them."""
         if self.kernel_given:
             return None
+        if has_kernel is None:
+            has_kernel = self.source is not None and self.source.kernel is not None
         if not has_kernel and self.privileged > self.named:
             why = "no --kernel given, and none read from the guest's memory"
             return _unnamed(self.privileged - self.named, self.privileged, why, "ELF")
