@@ -166,7 +166,7 @@ def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
         "--libvirt",
         metavar="DOMAIN",
         help="a libvirt domain (name, id or UUID) instead of --qmp-socket: reached through "
-        "virt-qemu-qmp-proxy, started and stopped by qmpprof",
+        "libvirt's Python binding, or at the QMP socket its XML gives QEMU",
     )
     add(
         "--libvirt-uri",
@@ -440,7 +440,7 @@ def _target_options(args: argparse.Namespace) -> TargetOptions:
         if qmp_socket != "./qmp-socket":
             raise UsageError("--libvirt and --qmp-socket: give one (--libvirt makes its own)")
         qmp_socket = proxy_socket(domain, uri)
-    elif uri is not None:
+    elif uri is not None and not getattr(args, "domains", None):
         from qmpprof.errors import UsageError
 
         raise UsageError("--libvirt-uri is for --libvirt DOMAIN")
@@ -565,7 +565,21 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME=SOCKET",
         help="a VM to serve: its name (in URLs and the `vm` label) and its QMP socket; "
-        "repeatable, at least one",
+        "repeatable (at least one --vm or --libvirt)",
+    )
+    add(
+        "--libvirt",
+        dest="domains",
+        action="append",
+        default=[],
+        metavar="DOMAIN",
+        help="a libvirt domain to serve, under its name, reached as `record --libvirt` "
+        "reaches it; repeatable",
+    )
+    add(
+        "--libvirt-uri",
+        metavar="URI",
+        help="libvirt's connection URI for --libvirt, as virsh -c (default: libvirt's)",
     )
     add(
         "--listen",
@@ -593,6 +607,7 @@ def _run_serve(args: argparse.Namespace) -> None:
 
     options = ServeOptions(
         vms=tuple(args.vm),
+        domains=tuple(args.domains),
         target=_target_options(args),
         listen=args.listen,
         period_s=_period(args),

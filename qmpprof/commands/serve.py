@@ -1,7 +1,8 @@
 """`qmpprof serve`: profiles of one or many VMs over HTTP, for scrapers (Parca, Grafana
 Alloy's pyroscope.scrape) and `go tool pprof http://HOST:PORT/debug/pprof/profile`.
 
-Each scrape is a short `record`: it connects to its VM's QMP socket (commands/connect),
+Each scrape is a short `record`: it connects to its VM's QMP socket, or to a libvirt
+domain as `--libvirt` does (commands/connect),
 samples for the seconds asked (record/sampler.sample_loop, analysed by a Collector in the
 sampler's idle time, as `record` does), disconnects, and answers with the pprof that
 `record -o x.pb.gz` writes, every sample labelled with its VM. Nothing is kept between
@@ -45,7 +46,7 @@ from qmpprof.output.pprof import pprof_bytes
 from qmpprof.profile import Grouping, Profile, Scope
 from qmpprof.record.backlog import Backlog
 from qmpprof.record.sampler import LoopConfig, sample_loop, why_nothing_sampled
-from qmpprof.serve.addresses import DEFAULT_MAX_SECONDS
+from qmpprof.serve.addresses import DEFAULT_MAX_SECONDS, VM_NAME
 from qmpprof.serve.http import PPROF, Request, Response, refused, text_response
 from qmpprof.serve.routes import ProfileAsk, Site, route
 from qmpprof.serve.server import HttpServer
@@ -72,12 +73,14 @@ class ServeOptions:
     nonblocking: bool = False
     #: --stop: stop mode even where it is chosen against by default (through libvirt).
     force_stop: bool = False
+    #: libvirt domains (`target.libvirt_uri`'s), each served under its name.
+    domains: tuple[str, ...] = ()
 
 
 async def run_serve(options: ServeOptions, err: Console) -> None:
     """Serve until SIGINT or SIGTERM. Raises BadElf for binaries that do not load
     (checked once, before listening), UsageError, ListenFailed."""
-    _check_vms(options.vms)
+    _check_vms(options)
     build_analyzer(options.target)  # a bad --kernel is one line now, not a 500 per scrape
     shutdown = asyncio.Event()
     with stop_on_signals(shutdown):
@@ -90,20 +93,40 @@ async def run_serve(options: ServeOptions, err: Console) -> None:
         await server.close(SHUTDOWN_GRACE_S)
 
 
-def _check_vms(vms: tuple[tuple[str, str], ...]) -> None:
-    if not vms:
-        raise UsageError("serve needs at least one --vm NAME=SOCKET")
-    names = [name for name, _ in vms]
-    sockets = [socket for _, socket in vms]
+def _check_vms(options: ServeOptions) -> None:
+    if not options.vms and not options.domains:
+        raise UsageError("serve needs at least one --vm NAME=SOCKET or --libvirt DOMAIN")
+    for domain in options.domains:
+        if not VM_NAME.fullmatch(domain):
+            raise UsageError(
+                f"--libvirt {domain!r}: serve names a domain's profiles after it, and a VM "
+                "name is 1 to 64 letters, digits, '.', '_' or '-' (use --vm NAME=SOCKET "
+                "with the domain's own QMP socket)"
+            )
+    names = [name for name, _ in options.vms] + list(options.domains)
+    sockets = [socket for _, socket in options.vms]
     for kind, values in (("name", names), ("socket", sockets)):
         twice = sorted({value for value in values if values.count(value) > 1})
         if twice:
-            raise UsageError(f"--vm: the same {kind} given twice: {', '.join(twice)}")
+            raise UsageError(f"--vm, --libvirt: the same {kind} given twice: {', '.join(twice)}")
+
+
+def vm_targets(options: ServeOptions) -> dict[str, TargetOptions]:
+    """Each VM's name and how to reach it: its socket, or its libvirt domain."""
+    from qmpprof.target.libvirt import proxy_socket
+
+    targets = {name: replace(options.target, qmp_socket=socket) for name, socket in options.vms}
+    uri = options.target.libvirt_uri
+    for domain in options.domains:
+        targets[domain] = replace(
+            options.target, libvirt=domain, qmp_socket=proxy_socket(domain, uri)
+        )
+    return targets
 
 
 def _listening_line(options: ServeOptions, host: str, port: int) -> str:
     shown = f"[{host}]" if ":" in host else host
-    names = ", ".join(name for name, _ in options.vms)
+    names = ", ".join([name for name, _ in options.vms] + list(options.domains))
     line = f"serving {names} on http://{shown}:{port}/debug/pprof/ (Ctrl-C stops)"
     if host not in ("127.0.0.1", "::1", "localhost"):
         line += "; not loopback: whoever reaches this port can pause-sample these VMs"
@@ -120,22 +143,24 @@ class _Vm:
     target: TargetOptions
     #: When the scrape under way ends (time.monotonic); None when idle.
     busy_until: float | None = None
-    #: Whether the log has said that this VM's kernel-mode PCs go unnamed (said once:
-    #: a scraper asks again every few seconds).
-    told_unnamed: bool = False
-    #: The notices connecting has logged for this VM: each is logged once, not at every
-    #: scrape (which kernel it runs, that it gives none: they hold until it reboots).
+    #: What this VM's log has said: each is said once, not at every scrape (a scraper
+    #: asks every few seconds), keyed by the line or by what it is about.
     noticed: set[str] = field(default_factory=set)
 
-    def notice_once(self, log: Callable[[str], None]) -> Callable[[str], None]:
-        """`log`, prefixed with the VM's name, for lines this VM has not logged yet."""
+    def notice_once(
+        self, log: Callable[[str], None], about: str | None = None
+    ) -> Callable[[str], None]:
+        """`log`, prefixed with the VM's name, for lines this VM has not logged yet
+        (which kernel it runs, that it gives none: they hold until it reboots); with
+        `about`, for the first line about that only (its figures change each time)."""
 
         def notice(line: str) -> None:
-            if line in self.noticed:
+            key = line if about is None else f"\0{about}"
+            if key in self.noticed:
                 return
             if len(self.noticed) >= MAX_NOTICES:  # a guest rebooting all day: start over
                 self.noticed.clear()
-            self.noticed.add(line)
+            self.noticed.add(key)
             log(f"VM {self.name}: {line}")
 
         return notice
@@ -155,11 +180,9 @@ class Service:
         self.options = options
         self.shutdown = shutdown
         self.log = log
-        self.site = Site(tuple(name for name, _ in options.vms), options.max_seconds)
-        self._vms = {
-            name: _Vm(name, replace(options.target, qmp_socket=socket))
-            for name, socket in options.vms
-        }
+        targets = vm_targets(options)
+        self.site = Site(tuple(targets), options.max_seconds)
+        self._vms = {name: _Vm(name, target) for name, target in targets.items()}
 
     async def handle(self, request: Request, gone: asyncio.Event) -> Response | None:
         try:
@@ -269,14 +292,19 @@ async def scrape(
     notice = vm.notice_once(log)
     async with connected(vm.target, analyzer, notice) as (session, _, capturer):
         nonblocking = await choose_nonblocking(
-            session, options.nonblocking, options.force_stop, options.period_s, notice
+            session,
+            options.nonblocking,
+            options.force_stop,
+            options.period_s,
+            vm.notice_once(log, about="sampling mode"),
         )
         config = LoopConfig(options.period_s, float(seconds), nonblocking=nonblocking)
         stats = await sample_loop(
             session, capturer, config, stop, backlog.add, None, backlog.work_until
         )
         backlog.work_until(None)
-    _tell_unnamed(vm, collector, _prefixed(log, vm.name))
+    for line in collector.symbol_problems():
+        vm.notice_once(log, about="unnamed")(f"{line} (said at its first scrape only)")
     kernel = vm.target.kernel
     recording = Recording(
         started=started,
@@ -290,19 +318,6 @@ async def scrape(
         kernel_release=analyzer.kernel_release,
     )
     mismatch = None
-    if collector.coverage.mismatched and kernel is not None:
+    if collector.coverage.mismatched:
         mismatch = collector.coverage.describe(str(kernel))
     return Scraped(collector, stats, recording, mismatch)
-
-
-def _tell_unnamed(vm: _Vm, collector: Collector, notice: Callable[[str], None]) -> None:
-    """Log, the first time, that this VM's kernel-mode PCs go unnamed for want of a
-    --kernel (the profile has them as addresses)."""
-    for line in collector.symbol_problems():
-        if not vm.told_unnamed:
-            notice(f"{line} (said at its first scrape only)")
-        vm.told_unnamed = True
-
-
-def _prefixed(log: Callable[[str], None], name: str) -> Callable[[str], None]:
-    return lambda line: log(f"VM {name}: {line}")

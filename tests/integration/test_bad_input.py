@@ -8,6 +8,8 @@ import re
 import socket
 from pathlib import Path
 
+import pytest
+
 from tests.integration.conftest import Guest, record_args, run_qmpprof
 from tests.tmpfs import mounted_tmpfs
 from tests.unit.conftest import build_elf
@@ -123,3 +125,16 @@ def test_a_disk_that_fills_while_writing_the_svg_costs_only_the_svg(
         assert sorted(os.listdir(disk)) == ["p.folded", "p.pb.gz"]
         assert folded_total(disk / "p.folded") == summary_samples(done.stdout) > 0
     assert guest.status() == "running"
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ((), "serve needs at least one --vm NAME=SOCKET or --libvirt DOMAIN"),
+        (("--libvirt", "web 1"), "serve names a domain's profiles after it"),
+        (("--vm", "web=/x.qmp", "--libvirt", "web"), "the same name given twice: web"),
+    ],
+)
+def test_serve_refuses_a_vm_it_cannot_name(args: tuple[str, ...], expected: str) -> None:
+    done = run_qmpprof("serve", "--listen", "127.0.0.1:0", *args)
+    assert_one_line_error(done.stderr, done.returncode, expected)

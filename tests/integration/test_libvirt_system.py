@@ -1,7 +1,8 @@
 """The Linux example guest as a TCG domain of a real system-mode libvirtd, started here
 as root (tests/libvirt_system.py), profiled as a user on such a host would:
-`qmpprof --libvirt NAME`, `dump --libvirt`, `top --libvirt`, a domain libvirt does not
-have, a domain suspended by its owner, Ctrl-C, and a domain given its own QMP socket.
+`qmpprof --libvirt NAME`, `dump --libvirt`, `top --libvirt`, `serve --libvirt`, a domain
+libvirt does not have, a domain suspended by its owner, Ctrl-C, and a domain given its
+own QMP socket.
 
 Each test ends with the domain running (or, suspended by the test, still suspended),
 no bridge process of qmpprof's left, and libvirtd's log free of the end-of-file error
@@ -18,6 +19,7 @@ import pytest
 
 from tests.integration.conftest import interrupted_when, run_qmpprof
 from tests.integration.test_libvirt import assert_one_line_error, recording_began
+from tests.integration.test_serve import samples_by_label, serving, wait_for
 from tests.libvirt_system import (
     QEMU_USER,
     LinuxDomain,
@@ -114,13 +116,30 @@ def _names_a_process(line: str) -> bool:
     return "processes: " in line and not line.rstrip().endswith("processes: -")
 
 
+def test_serve_through_libvirt(libvirt: Libvirt, domain: LinuxDomain) -> None:
+    """Two scrapes of the domain, served under its name: each a profile of its
+    processes, the sampling mode said once in the log (its figures change each time)."""
+    uri = ("--libvirt", domain.name, "--libvirt-uri", "qemu:///system")
+    with serving({}, None, *uri) as serve:
+        bodies = [serve.get(f"/vm/{domain.name}/debug/pprof/profile?seconds=2") for _ in range(2)]
+        answered = lambda: sum(" 200" in line for line in serve.log) == 2  # noqa: E731
+        wait_for(answered, "both answers in the log")
+        log = list(serve.log)
+    for status, _, body in bodies:
+        assert status == 200, body
+        assert set(samples_by_label(body, "vm")) == {domain.name}
+        assert len(samples_by_label(body, "process")) > 1, samples_by_label(body, "process")
+    assert sum("sampling nonblocking" in line for line in log) == 1, log
+    assert libvirt.domstate(domain.name) == "running"
+
+
 def test_a_domain_libvirt_does_not_have(libvirt: Libvirt) -> None:
     args = ("dump", "--libvirt", "no-such-domain", "--libvirt-uri", "qemu:///system")
     done = run_qmpprof(*args)
     assert_one_line_error(done, "libvirt domain no-such-domain: Domain not found")
 
 
-def test_a_suspended_domain_is_an_error_and_stays_suspended(
+def test_a_suspended_domain_is_an_error_to_record_and_stays_suspended(
     libvirt: Libvirt, domain: LinuxDomain, tmp_path: Path
 ) -> None:
     out = tmp_path / "profile.folded"
@@ -128,12 +147,15 @@ def test_a_suspended_domain_is_an_error_and_stays_suspended(
     try:
         done = run_qmpprof(*libvirt_args(domain), "--duration", "2", "-o", str(out))
         assert libvirt.domstate(domain.name) == "paused"
+        dumped = run_qmpprof(*libvirt_args(domain, "dump"))  # debugging a paused VM
+        assert libvirt.domstate(domain.name) == "paused"
     finally:
         libvirt.virsh("resume", domain.name)
     assert done.returncode == 1, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("qmpprof: error: no sample taken: the VM was paused by someone else")
     assert out.exists()  # written all the same, empty
+    assert dumped.returncode == 0 and dumped.stdout.startswith("vCPU 0 "), dumped.stderr
 
 
 def test_ctrl_c_leaves_the_domain_running(
