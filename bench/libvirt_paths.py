@@ -13,9 +13,12 @@ libvirtd already running. For each path, --runs times:
               first, so that none of the proxy's lands in its count)
 Then `qmpprof --libvirt NAME --duration 10` as a user runs it: the default (chosen by
 the round trip), `--stop`, and with --own also `--stop` on a second domain that has its
-own QMP socket (`<qemu:commandline>`), beside the Linux guest booted by boot.sh on plain
-QEMU with one vCPU: wall seconds, ticks, and the VM's paused share by QEMU's clock (the
-summary's). Numbers are printed side by side, never judged; the last line is JSON.
+own QMP socket (`<qemu:commandline>`), the same on that socket with libvirtd held
+stopped (SIGSTOP; only a libvirtd the bench started), beside the Linux guest booted by
+boot.sh on plain QEMU with one vCPU: wall seconds, ticks, the VM's paused share by
+QEMU's clock (the summary's), and the CPU seconds libvirtd used meanwhile (QEMU sends
+it every STOP and RESUME event). Numbers are printed side by side, never judged; the
+last line is JSON.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -39,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from qmpprof.errors import ConnectionFailed
 from qmpprof.target.libvirt import bridged
 from qmpprof.target.qmp import QmpSession
-from tests.libvirt_system import linux_domain, missing, system_libvirtd
+from tests.libvirt_system import LinuxDomain, linux_domain, missing, system_libvirtd
 from tests.libvirt_vm import Libvirt
 from tests.linux_vm import running_linux
 
@@ -125,8 +130,18 @@ def compare_paths(domain: str, runs: int, libvirt: Libvirt | None) -> dict[str, 
     return results
 
 
-def record(*target: str) -> dict[str, float]:
-    """One 10 s recording as a user runs it: wall seconds, ticks, paused share."""
+def cpu_seconds(pid: int | None) -> float:
+    """User and system CPU time of process `pid` so far (nan without one)."""
+    if pid is None:
+        return float("nan")
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def record(*target: str, daemon: int | None = None) -> dict[str, float]:
+    """One 10 s recording as a user runs it: wall seconds, ticks, paused share, and the
+    CPU seconds process `daemon` (libvirtd) used meanwhile."""
+    used = cpu_seconds(daemon)
     with tempfile.TemporaryDirectory(prefix="qmpprof-bench-") as scratch:
         out = Path(scratch) / "p.folded"
         began = time.perf_counter()
@@ -146,6 +161,7 @@ def record(*target: str) -> dict[str, float]:
         "paused_ms": float(found.group(3)),
         "paused_pct": float(found.group(4)),
         "nonblocking": float("sampling nonblocking" in done.stderr),
+        "libvirtd_cpu_s": cpu_seconds(daemon) - used,
     }
 
 
@@ -163,6 +179,17 @@ def target_domain(args: argparse.Namespace) -> Iterator[tuple[str, Libvirt | Non
         yield domain.name, libvirt, stack
 
 
+def held_stopped(daemon: int, own: LinuxDomain) -> dict[str, float]:
+    """`--stop` on the domain's own socket (given as --qmp-socket: the bridge would need
+    libvirtd) while libvirtd is held stopped, so that it does no work on QEMU's events."""
+    target = ["--qmp-socket", str(own.own_monitor), "--pid", str(own.qemu_pid()), "--stop"]
+    os.kill(daemon, signal.SIGSTOP)
+    try:
+        return record(*target)
+    finally:
+        os.kill(daemon, signal.SIGCONT)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--domain", help="a domain of the running system libvirtd")
@@ -177,13 +204,18 @@ def main() -> None:
         for name, row in paths.items():
             print(f"{name:8} {row['greeting_s']:10.2f} {row['trip_ms']:8.2f} {row['drops']:9.0f}")
         lib = ["--libvirt", domain, "--libvirt-uri", URI]
-        runs = {"libvirt default": record(*lib), "libvirt --stop": record(*lib, "--stop")}
+        daemon = libvirt.pid if libvirt is not None else None
+        runs = {
+            "libvirt default": record(*lib, daemon=daemon),
+            "libvirt --stop": record(*lib, "--stop", daemon=daemon),
+        }
         if args.own and libvirt is not None:
             libvirt.virsh("suspend", domain)
             try:
                 with linux_domain(libvirt, "qmpprof-bench-own", own_monitor=True) as own:
                     own_args = ["--libvirt", own.name, "--libvirt-uri", URI, "--stop"]
-                    runs["own socket --stop"] = record(*own_args)
+                    runs["own socket --stop"] = record(*own_args, daemon=daemon)
+                    runs["own, libvirtd held"] = held_stopped(libvirt.pid, own)
                 with (
                     tempfile.TemporaryDirectory() as work,
                     running_linux(Path(work), "--smp", "1") as plain,
@@ -192,11 +224,14 @@ def main() -> None:
             finally:
                 libvirt.virsh("resume", domain)
     report["recordings"] = runs
-    print(f"\n{'10 s recording':20} {'wall_s':>7} {'ticks':>6} {'paused_ms':>9} {'paused %':>8}")
+    print(
+        f"\n{'10 s recording':20} {'wall_s':>7} {'ticks':>6} {'paused_ms':>9} {'paused %':>8}"
+        f" {'libvirtd_cpu_s':>14}"
+    )
     for name, row in runs.items():
         print(
             f"{name:20} {row['wall_s']:7.1f} {row['ticks']:6.0f} {row['paused_ms']:9.0f} "
-            f"{row['paused_pct']:8.2f}"
+            f"{row['paused_pct']:8.2f} {row['libvirtd_cpu_s']:14.2f}"
         )
     print(json.dumps(report))
 
