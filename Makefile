@@ -17,7 +17,7 @@ APT_PACKAGES := $(DEMO_APT_PACKAGES) gdb tmux dwarves debuginfod libarchive-tool
 TOOLS := $(DEMO_TOOLS) gdb tmux pahole debuginfod bsdtar perf libvirtd virtlogd virsh virt-qemu-qmp-proxy /etc/init.d/libvirtd /usr/lib/python3/dist-packages/libvirt.py /boot/memtest86+x64.bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help demo test unit integration fuzz bench kaslr-bench serve-soak lint format deps demo-deps system-deps demo-system-deps guest linux-guest linux-oracle i386-oracle consumers clean
+.PHONY: help demo test unit integration fuzz mutants bench kaslr-bench serve-soak lint format deps demo-deps system-deps demo-system-deps guest linux-guest linux-oracle i386-oracle consumers clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -33,6 +33,9 @@ unit: deps  ## unit tests only (no QEMU), without the slow sweeps (`make test` r
 
 integration: deps guest linux-guest  ## integration tests only (boots the example guest)
 	$(BIN)/pytest -q tests/integration
+
+mutants: deps guest linux-guest  ## break qmpprof in one place at a time (a frame kind dropped, the KASLR slide off by one, ...) and say which test catches each
+	$(BIN)/python -m tests.mutants.run
 
 #: Cases per fuzz test under `make fuzz` (tests that parse a whole file per case run a
 #: tenth of it: tests/fuzz/file_budget.py); the default gives well over 100,000 in all.

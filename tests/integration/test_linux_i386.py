@@ -1,12 +1,13 @@
 """qmpprof against the i386 Linux guest (examples/linux/i386: Debian 12's
 6.1.0-50-686-pae with its debug vmlinux, KASLR on, PAE, page table isolation), GDB the
 oracle: at a few seeded random pauses, `qmpprof dump --json --kernel VMLINUX` must name
-each kernel-mode vCPU's frames as GDB does (addresses and functions, up to the entry
-code, past which GDB's unwind ends in garbage: it has no CFI across the entry asm) with
-the KASLR slide applied, and label the vCPU with the task GDB reads there (per-CPU
-current_task, read through guest-physical memory as examples/linux/i386/gdb_stacks.py
-does). A user-mode vCPU, or one in entry code before it switches CR3, is not held to a
-label here (qmpprof names them through the kernel's half of the PTI pair since).
+the frames of each vCPU GDB finds in ring 0 (idle or not) as GDB does (addresses and
+functions, up to the entry code, past which GDB's unwind ends in garbage: it has no CFI
+across the entry asm) with the KASLR slide applied, and label the vCPU with the task GDB
+reads there (per-CPU current_task, read through guest-physical memory as
+examples/linux/i386/gdb_stacks.py does). A user-mode vCPU, or one in entry code before
+it switches CR3, is not held to a label here (qmpprof names them through the kernel's
+half of the PTI pair since); its mode must be `user` exactly when GDB's CS is ring 3's.
 
 A pc at an assembly label inside a sized function (`__x86_indirect_thunk_edi`, a label
 in `__x86_indirect_thunk_array`: nm -S gives the array a size, the label none) is named
@@ -169,7 +170,9 @@ def test_kernel_frames_and_tasks_match_gdb_with_kaslr(
             )
             assert done.returncode == 0, done.stderr
             for vcpu in json.loads(done.stdout)["vcpus"]:
-                if vcpu["mode"] != "kernel":
+                ring = int(gdb.evaluate("$cs", vcpu["vcpu"] + 1) or "-1", 0) & 3
+                assert (vcpu["mode"] == "user") == (ring == 3), (vcpu["mode"], ring)
+                if ring == 3:
                     continue
                 expected = up_to_entry(gdb.frames(vcpu["vcpu"] + 1))
                 ours = [(int(f["address"], 16), f["function"]) for f in vcpu["frames"]]
