@@ -25,7 +25,7 @@ import pytest
 import qmpprof.record.sampler as sampler
 import qmpprof.target.qmp as qmp
 from qmpprof.analysis import Analyzer
-from qmpprof.cli import MAX_DURATION_S
+from qmpprof.arguments import MAX_DURATION_S
 from qmpprof.errors import CommandFailed, MonitorStuck
 from qmpprof.model import EndReason
 from qmpprof.modules import load_module

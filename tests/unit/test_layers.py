@@ -34,6 +34,7 @@ NOT_PURE = (
     "qmpprof.record",
     "qmpprof.commands",
     "qmpprof.cli",
+    "qmpprof.arguments",
     "qmpprof.console",
     "rich",
 )
