@@ -76,6 +76,11 @@ class ServeOptions:
     #: libvirt domains (`target.libvirt_uri`'s), each served under its name.
     domains: tuple[str, ...] = ()
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every VM's name, in the order served: the --vm ones, then the domains."""
+        return tuple(name for name, _ in self.vms) + self.domains
+
 
 async def run_serve(options: ServeOptions, err: Console) -> None:
     """Serve until SIGINT or SIGTERM. Raises BadElf for binaries that do not load
@@ -103,7 +108,7 @@ def _check_vms(options: ServeOptions) -> None:
                 "name is 1 to 64 letters, digits, '.', '_' or '-' (use --vm NAME=SOCKET "
                 "with the domain's own QMP socket)"
             )
-    names = [name for name, _ in options.vms] + list(options.domains)
+    names = list(options.names)
     sockets = [socket for _, socket in options.vms]
     for kind, values in (("name", names), ("socket", sockets)):
         twice = sorted({value for value in values if values.count(value) > 1})
@@ -126,7 +131,7 @@ def vm_targets(options: ServeOptions) -> dict[str, TargetOptions]:
 
 def _listening_line(options: ServeOptions, host: str, port: int) -> str:
     shown = f"[{host}]" if ":" in host else host
-    names = ", ".join([name for name, _ in options.vms] + list(options.domains))
+    names = ", ".join(options.names)
     line = f"serving {names} on http://{shown}:{port}/debug/pprof/ (Ctrl-C stops)"
     if host not in ("127.0.0.1", "::1", "localhost"):
         line += "; not loopback: whoever reaches this port can pause-sample these VMs"
