@@ -30,6 +30,7 @@ from qmpprof.errors import MemoryFault
 from qmpprof.guest.adapter import GenericAdapter, OsAdapter
 from qmpprof.guest.kernel_types import KernelTypes
 from qmpprof.guest.mode import mode_of
+from qmpprof.isa.registry import ISAS
 from qmpprof.memory import MemoryReader, WindowMemory
 from qmpprof.model import (
     CapturedSample,
@@ -262,7 +263,8 @@ class Analyzer:
         if depth <= 0:
             return stack
         word = word_for(raw.registers.bits)
-        rest = unwind(user, memory, space, self.strategy, space.code, depth, word)
+        isa = ISAS[raw.registers.isa]
+        rest = unwind(user, memory, space, self.strategy, space.code, depth, word, isa)
         first = FrameAddress(
             rest.frames[0].address, FrameKind.INSTRUCTION, Recovery.SAVED_USER_REGISTERS
         )
@@ -272,8 +274,10 @@ class Analyzer:
     def _unwind(self, raw: RawSample, memory: MemoryReader, space: AddressSpace) -> UnwoundStack:
         regs = raw.registers
         registers = dwarf_registers(regs)
-        word = word_for(regs.bits)
-        return unwind(registers, memory, space, self.strategy, space.code, self.max_depth, word)
+        word, isa = word_for(regs.bits), ISAS[regs.isa]
+        return unwind(
+            registers, memory, space, self.strategy, space.code, self.max_depth, word, isa
+        )
 
     def is_torn(self, captured: CapturedSample) -> bool:
         """Whether a return address on `captured`'s stack follows no call in the code

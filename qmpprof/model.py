@@ -116,6 +116,10 @@ class RegisterSet:
     #: The code segment's base: real mode's code runs at CS * 16 + IP, and firmware may
     #: give a 32-bit segment a base; flat code has 0 here (long mode ignores it).
     cs_base: int = 0
+    #: The instruction set (qmpprof/isa): "x86_64" for every x86 mode (`bits` says
+    #: which), "aarch64". An AArch64 vCPU's `general` names x0..x30, sp, pc and pstate,
+    #: and its `cpl` is its exception level.
+    isa: str = "x86_64"
 
     @property
     def segmented(self) -> bool:
@@ -128,8 +132,15 @@ class RegisterSet:
     def pc(self) -> int:
         """The linear address of the next instruction: RIP, plus the code segment's
         base for segmented code (real-mode firmware runs at CS * 16 + IP)."""
+        if self.isa != "x86_64":
+            return self.general["pc"]
         rip = self.general["rip"]
         return (self.cs_base + rip) & 0xFFFF_FFFF if self.segmented else rip
+
+    @property
+    def sp(self) -> int:
+        """The stack pointer in use."""
+        return self.general["rsp" if self.isa == "x86_64" else "sp"]
 
     @property
     def rip(self) -> int:

@@ -6,7 +6,10 @@ from qmpprof.model import Mode, RegisterSet
 
 
 def mode_of(registers: RegisterSet) -> Mode:
-    """A halted vCPU is idle; otherwise CPL 0 is the kernel and CPL 3 user space."""
+    """A halted vCPU is idle; otherwise x86's CPL 0 is the kernel and CPL 3 user space,
+    AArch64's EL0 user space and EL1 or above the kernel (RegisterSet.cpl)."""
     if registers.halted:
         return Mode.IDLE
+    if registers.isa == "aarch64":
+        return Mode.USER if registers.cpl == 0 else Mode.KERNEL
     return Mode.KERNEL if registers.cpl == 0 else Mode.USER

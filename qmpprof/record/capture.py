@@ -229,7 +229,7 @@ class Capturer:
         if window is None:
             # The task may still be read: Linux's entry code borrows RSP as a scratch
             # register while it switches page tables (PTI).
-            error = f"stack unreadable at rsp={regs.rsp:#x}"
+            error = f"stack unreadable at sp={regs.sp:#x}"
             raw = RawSample(now, regs, user_module=user_module, error=error)
         else:
             raw = RawSample(now, regs, (window,), user_module, file_maps=self._maps_guess(regs))
@@ -257,7 +257,7 @@ class Capturer:
         fetch = window_fetch(self._memory.reader(regs.vcpu).read_prefix)
         copy = FetchingMemory([window] if window else [], fetch, MAX_LIVE_FETCHES)
         copied = self._copy_task_memory(regs, window, copy)
-        error = None if window else f"stack unreadable at rsp={regs.rsp:#x}"
+        error = None if window else f"stack unreadable at sp={regs.sp:#x}"
         raw = RawSample(now, regs, tuple(copy.windows), user_module, error, self._maps_guess(regs))
         # Stacks the OS adapter cannot name: unwind now, from what was read so far.
         return raw if copied else await self._examined(raw, self._complete)
@@ -335,11 +335,11 @@ class Capturer:
         return adapter.task_address(raw.registers, WindowMemory(raw.windows))
 
     async def _stack_window(self, regs: RegisterSet) -> MemoryWindow | None:
-        base = regs.rsp - BELOW_RSP
+        base = regs.sp - BELOW_RSP
         size = self._config.stack_bytes + BELOW_RSP
         data = await self._memory.read_window(regs.vcpu, base, size)
         if len(data) <= BELOW_RSP:  # the page below RSP may be unmapped: start at RSP
-            base = regs.rsp
+            base = regs.sp
             data = await self._memory.read_window(regs.vcpu, base, self._config.stack_bytes)
         return MemoryWindow(base, data) if data else None
 

@@ -44,7 +44,7 @@ class AddressSpaceIdentifier:
         if name is None:
             return time.monotonic() - checked > RETRY_UNMATCHED_S
         module = next(m for m in self._candidates if m.name == name)
-        return module.text is not None and not module.text.contains(registers.rip)
+        return module.text is not None and not module.text.contains(registers.pc)
 
     async def _match(self, vcpu: int) -> str | None:
         for module in self._candidates:

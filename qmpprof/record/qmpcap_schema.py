@@ -116,6 +116,7 @@ def _sample_record(sample: CapturedSample) -> dict[str, Any]:
             "tr_base": regs.tr_base,
             "fs_base": regs.fs_base,
             "cs_base": regs.cs_base,
+            "isa": regs.isa,
         },
         "user_module": raw.user_module,
         "error": raw.error,
@@ -254,9 +255,10 @@ def _frame_name(value: Any) -> FrameName:
 
 def _registers(regs: dict[str, Any]) -> RegisterSet:
     fields = _Fields(regs, "regs.")
+    isa = fields.get("isa", _isa, "x86_64")
     return RegisterSet(
         vcpu=fields.get("vcpu", _int_within(0, 1 << 16)),
-        general=fields.get("general", _general),
+        general=fields.get("general", _GENERAL[isa]),
         cs=fields.get("cs", _int_within(0, 0xFFFF)),
         cpl=fields.get("cpl", _int_within(0, 3)),
         halted=fields.get("halted", _bool),
@@ -270,17 +272,36 @@ def _registers(regs: dict[str, Any]) -> RegisterSet:
         tr_base=fields.get("tr_base", _u64, 0),
         fs_base=fields.get("fs_base", _u64, 0),
         cs_base=fields.get("cs_base", _u64, 0),
+        isa=isa,
     )
 
 
-def _general(value: Any) -> dict[str, int]:
-    general = _dict(value)
-    if len(general) > MAX_REGISTERS:
-        raise ValueError("has too many registers")
-    missing = {"rip", "rsp", "rbp"} - general.keys()
-    if missing:
-        raise ValueError(f"lacks {', '.join(sorted(missing))}")
-    return {name: _u64(number) for name, number in general.items()}
+def _isa(value: Any) -> str:
+    if value not in _GENERAL:
+        raise ValueError(f"is not one of {', '.join(_GENERAL)}")
+    return str(value)
+
+
+def _general_with(*required: str) -> Callable[[Any], dict[str, int]]:
+    """The check of a `general` that names at least `required`."""
+
+    def check(value: Any) -> dict[str, int]:
+        general = _dict(value)
+        if len(general) > MAX_REGISTERS:
+            raise ValueError("has too many registers")
+        missing = set(required) - general.keys()
+        if missing:
+            raise ValueError(f"lacks {', '.join(sorted(missing))}")
+        return {name: _u64(number) for name, number in general.items()}
+
+    return check
+
+
+#: The registers each instruction set's `general` must name (RegisterSet.isa).
+_GENERAL = {
+    "x86_64": _general_with("rip", "rsp", "rbp"),
+    "aarch64": _general_with("pc", "sp", "x29", "x30"),
+}
 
 
 def _frames(value: Any) -> tuple[FrameAddress, ...]:

@@ -158,6 +158,7 @@ async def open_memory(
         from qmpprof.target.direct import open_direct  # mmap, sockets: only when asked
 
         try:
+            await _check_page_tables(session)
             return await open_direct(session, mem_path)
         except DirectMemoryUnavailable as err:
             if kind == "direct":
@@ -177,6 +178,19 @@ async def open_memory(
     if notice is not None and direct_problem is not None:
         notice(f"memory: hmp (slow), as direct is unavailable ({direct_problem}) and {problem}")
     return HmpMemory(session)
+
+
+#: The QEMU targets (QMP query-target) whose page tables target/paging.py walks.
+_WALKED_TARGETS = ("x86_64", "i386")
+
+
+async def _check_page_tables(session: QmpSession) -> None:
+    """Raises DirectMemoryUnavailable where the guest's page tables are not walked here:
+    an AArch64 vCPU's table roots (TTBR0/TTBR1_EL1) are not in QEMU's register dump."""
+    target = await session.execute("query-target")
+    arch = target.get("arch") if isinstance(target, dict) else None
+    if arch not in _WALKED_TARGETS:
+        raise DirectMemoryUnavailable(f"the page tables of an {arch} guest are not walked yet")
 
 
 async def _memsave_problem(session: QmpSession, backend: MemsaveMemory) -> str | None:

@@ -2,7 +2,8 @@
 
 QEMU prints 64-bit names (RIP=, RAX=) when long mode is active and 32-bit names
 (EIP=, EAX=) otherwise, including for an AP still in real mode. Both map onto the
-64-bit names in `RegisterSet.general`.
+64-bit names in `RegisterSet.general`. An AArch64 vCPU's block (PC=, X00=...) is
+parsed by its instruction set's module (qmpprof/isa/aarch64.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import copy
 import re
 
 from qmpprof.errors import RegisterParseError
+from qmpprof.isa import aarch64
 from qmpprof.model import RegisterSet
 
 # Every repetition in these patterns has an upper bound (and is possessive where
@@ -152,6 +154,8 @@ def parse_one(text: str, vcpu: int) -> RegisterSet:
     long_mode = _LONG_BLOCK.match(text)
     block = long_mode or _LEGACY_BLOCK.match(text)
     if block is None:
+        if aarch64.is_aarch64_block(text):
+            return aarch64.parse_block(text, vcpu)
         return _from_lines(text, vcpu)
     values = block.groupdict()
     names = _LONG_NAMES if long_mode else _LEGACY_NAMES

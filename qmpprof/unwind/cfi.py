@@ -12,8 +12,9 @@ front. Corrupt CFI never raises: an FDE that cannot be compiled covers nothing a
 is counted with its reason (CfiTable.uncompiled), and where .eh_frame and
 .debug_frame both describe a function, the other one stands in for it.
 
-An i386 (ELF32, EM_386) file's CFI is read as i386's: its rows have word 4 (see
-cfi_entries.py and cfi_program.py); every other file's as x86-64's.
+A file's CFI is read as its instruction set's (qmpprof.isa.isa_of_elf): an i386 (ELF32,
+EM_386) file's rows have word 4, an AArch64 file's name its registers (see
+cfi_entries.py and cfi_program.py); every other file's are x86-64's.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from typing import Any
 from elftools.elf.elffile import ELFFile
 
 from qmpprof.errors import BadCfi
+from qmpprof.isa.base import Isa
+from qmpprof.isa.registry import isa_of_elf
 from qmpprof.symbols.derived import FileKey, derived
 from qmpprof.symbols.elf import collector_paused
 from qmpprof.symbols.elf_file import ELF_PARSE_ERRORS, open_elf
@@ -242,10 +245,15 @@ def _fields(cie: Cie) -> tuple[Any, ...]:
 _CIE_FIELDS = len(fields(Cie))
 
 
+def elf_isa(elf: ELFFile) -> Isa:
+    """The instruction set of the code an ELF file holds."""
+    return isa_of_elf(elf["e_machine"], elf.elfclass)
+
+
 def elf_word(elf: ELFFile) -> int:
     """The word of the code an ELF file holds: 4 for i386 (ELF32, EM_386), else 8
-    (x86-64's; an x32 file's code has 64-bit registers too)."""
-    return 4 if elf.elfclass == 32 and elf["e_machine"] == "EM_386" else 8
+    (x86-64's, AArch64's; an x32 file's code has 64-bit registers too)."""
+    return elf_isa(elf).word
 
 
 def load_cfi(path: str | Path, key: FileKey | None = None) -> CfiTable:
@@ -279,19 +287,11 @@ def _section_fdes(elf: ELFFile, name: str, eh_frame: bool) -> _Found:
         if section is None or section["sh_type"] == "SHT_NOBITS":
             return _Found([], [])
         data, address = section.data(), section["sh_addr"]
-        address_size, word = elf.elfclass // 8, elf_word(elf)
+        address_size, isa = elf.elfclass // 8, elf_isa(elf)
     except ELF_PARSE_ERRORS as err:  # corrupt section headers cost this section only
         return _Found([], [f"{name}: unreadable section ({type(err).__name__})"])
-    entries = parse_section(data, address, eh_frame, address_size, word)
+    entries = parse_section(data, address, eh_frame, address_size, isa)
     return _Found(entries.fdes, entries.problems)
-
-
-def parse_cfi_section(
-    data: bytes, address: int, eh_frame: bool, address_size: int = 8, word: int = 8
-) -> list[FdeEntry]:
-    """The FDEs of one .eh_frame/.debug_frame section (entries that cannot be read
-    skipped); an i386 file's with `address_size` and `word` 4."""
-    return parse_section(data, address, eh_frame, address_size, word).fdes
 
 
 def _without_overlaps(fdes: list[_Fde]) -> list[_Fde]:

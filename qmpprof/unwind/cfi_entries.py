@@ -11,9 +11,10 @@ dependency pin stays loose (pyelftools still reads the ELF section headers).
 Every entry starts with its length, so one bad entry costs only itself: the parser
 records why and moves on to the next.
 
-The sections of an i386 (EM_386) file are read with `word=4`: their CIEs say so
-(Cie.word), and their instructions are compiled with i386 register numbers and 4-byte
-save slots (cfi_program.py).
+The sections are read as the code of their file's instruction set (qmpprof.isa): each
+CIE says which (Cie.isa; an i386 file's CIE with x86-64's return column describes
+x86-64 code), and its instructions are compiled with that set's register numbers and
+words (cfi_program.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from qmpprof.errors import BadCfi
+from qmpprof.isa.base import Isa
+from qmpprof.isa.x86 import I386, X86_64
 
 MASK64 = (1 << 64) - 1
 _MAX_LEB_BYTES = 16
@@ -171,6 +174,8 @@ class Cie:
     instructions_address: int
     #: 4: i386 code's CIE (i386 register numbers, 4-byte words); 8: x86-64 code's.
     word: int = 8
+    #: The instruction set whose register numbers the instructions use (qmpprof.isa).
+    isa: str = "x86_64"
 
 
 #: x86-64's return column (rip). i386 CFI never names register 16 (its st5) as one, so
@@ -207,13 +212,13 @@ class _Entry:
 
 
 def parse_section(
-    data: bytes, address: int, eh_frame: bool, address_size: int = 8, word: int = 8
+    data: bytes, address: int, eh_frame: bool, address_size: int = 8, isa: Isa = X86_64
 ) -> SectionEntries:
-    """Every FDE of one .eh_frame (eh_frame=True) or .debug_frame section at `address`;
-    `word` 4 for the section of an i386 (EM_386) file."""
+    """Every FDE of one .eh_frame (eh_frame=True) or .debug_frame section at `address`,
+    of a file whose code is `isa`'s (qmpprof.isa.isa_of_elf)."""
     name = ".eh_frame" if eh_frame else ".debug_frame"
     entries, problems = _split_entries(data, name)
-    parser = _Parser(data, address, eh_frame, address_size, entries, word)
+    parser = _Parser(data, address, eh_frame, address_size, entries, isa)
     return SectionEntries(_fdes_of(parser, entries, name, problems), problems)
 
 
@@ -264,13 +269,13 @@ class _Parser:
         eh_frame: bool,
         address_size: int,
         entries: list[_Entry],
-        word: int = 8,
+        isa: Isa = X86_64,
     ) -> None:
         self._data = data
         self._address = address
         self._eh_frame = eh_frame
         self._address_size = address_size
-        self._word = word
+        self._isa = isa
         self._by_offset = {entry.offset: entry for entry in entries}
         self._cies: dict[int, Cie | BadCfi] = {}
 
@@ -348,7 +353,7 @@ class _Parser:
         code_alignment, data_alignment = reader.uleb(), reader.sleb()
         return_column = reader.u8() if version == 1 else reader.uleb()
         fde_encoding, signal = self._augmentation(reader, augmentation, address_size)
-        i386 = self._word == 4 and return_column != X86_64_RETURN_COLUMN
+        isa = X86_64 if return_column == X86_64_RETURN_COLUMN and self._isa is I386 else self._isa
         return Cie(
             code_alignment,
             data_alignment,
@@ -360,7 +365,8 @@ class _Parser:
             augmentation.startswith(b"z"),
             self._data[reader.position : entry.end],
             self._address + reader.position,
-            4 if i386 else 8,
+            isa.word,
+            isa.name,
         )
 
     def _augmentation(
@@ -396,13 +402,13 @@ def parse_listed(
     offsets: list[int],
     readable: Callable[[int, int], bool],
     address_size: int = 8,
-    word: int = 8,
+    isa: Isa = X86_64,
 ) -> SectionEntries:
     """The FDEs at `offsets` of an .eh_frame at `address` of which only the bytes
     `readable(offset, size)` says were read are real (the rest: holes, as in an
     .eh_frame read from a process's memory, found through .eh_frame_hdr's table). An
-    FDE, or its CIE, that is not wholly readable is left out and counted. An i386
-    file's: `address_size` 4 and `word` 4 (as parse_section)."""
+    FDE, or its CIE, that is not wholly readable is left out and counted. `isa`: as
+    parse_section's."""
     entries: dict[int, _Entry] = {}
     problems: list[str] = []
     fde_entries = []
@@ -415,7 +421,7 @@ def parse_listed(
         entries[entry.offset] = entry
         entries[cie.offset] = cie
         fde_entries.append(entry)
-    parser = _Parser(data, address, True, address_size, list(entries.values()), word)
+    parser = _Parser(data, address, True, address_size, list(entries.values()), isa)
     return SectionEntries(_fdes_of(parser, fde_entries, ".eh_frame", problems), problems)
 
 

@@ -12,9 +12,11 @@ Anything else raises BadCfi, and the FDE is reported as uncompiled: an unknown
 opcode, instructions cut short, a row without a CFA rule (a CIE that never names the
 CFA register), a location that moves backwards, remember_state nested too deep.
 
-An i386 CIE's (Cie.word 4) register numbers, its return column's included, are
-translated to the internal numbering as they are read (numbering.py), in expressions
-too; its rules and rows get word 4.
+A CIE's register numbers, its return column's included, are translated to the
+internal numbering as they are read (numbering.py, by the CIE's instruction set), in
+expressions too; an i386 CIE's rules and rows get word 4. Where a call returns through
+a register (AArch64's x30), that register's rule is "same value" until the CIE or FDE
+says otherwise: a function's caller is in it until the function saves it.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from qmpprof.errors import BadCfi
+from qmpprof.isa.registry import ISAS
 from qmpprof.unwind import rules as r
 from qmpprof.unwind.cfi_entries import MASK64, Cie, FdeEntry, Reader
 from qmpprof.unwind.dwarf_expr import Expression, decode_expression
-from qmpprof.unwind.numbering import from_i386
 
 MAX_REGISTER = 1024  # x86-64 numbers stop near 130; beyond this is garbage
 MAX_REMEMBERED = 64
@@ -39,14 +41,17 @@ class _Machine:
     def __init__(self, cie: Cie, reader: Reader) -> None:
         self.cie = cie
         self.word = cie.word
-        self.i386 = cie.word == 4
-        self.return_column = from_i386(cie.return_column) if self.i386 else cie.return_column
+        self.isa = ISAS[cie.isa]
+        self.internal = self.isa.to_internal
+        self.return_column = self.internal(cie.return_column)
         self.reader = reader
         self.location = 0
         self.cfa_register: int | None = None
         self.cfa_offset = 0
         self.cfa_expression: Expression | None = None
         self.rules: _RuleSet = {}
+        if self.isa.returns_through_register:
+            self.rules[self.return_column] = r.SameValue(self.return_column)
         self.initial_rules: _RuleSet = {}
         self.remembered: list[tuple[int | None, int, Expression | None, _RuleSet]] = []
         self.rows: list[tuple[int, r.UnwindRow]] | None = None  # None while running the CIE
@@ -60,10 +65,10 @@ class _Machine:
             if primary == 0x40:
                 self.advance((opcode & 0x3F) * self.cie.code_alignment)
             elif primary == 0x80:
-                register = from_i386(opcode & 0x3F) if self.i386 else opcode & 0x3F
+                register = self.internal(opcode & 0x3F)
                 self.set_rule(register, self.saved_at(reader.uleb() * self.cie.data_alignment))
             elif primary == 0xC0:
-                self.restore(from_i386(opcode & 0x3F) if self.i386 else opcode & 0x3F)
+                self.restore(self.internal(opcode & 0x3F))
             else:
                 handler = _EXTENDED.get(opcode)
                 if handler is None:
@@ -103,6 +108,7 @@ class _Machine:
             self.return_column,
             self.cie.signal_frame,
             self.word,
+            self.isa.callee_saved,
         )
         row = _ROWS.get(key)
         if row is None:
@@ -120,7 +126,7 @@ class _Machine:
         number = self.reader.uleb()
         if number > MAX_REGISTER:
             raise BadCfi(f"register number {number} out of range")
-        return from_i386(number) if self.i386 else number
+        return self.internal(number)
 
     def saved_at(self, offset: int) -> r.SavedAt:
         return r.SavedAt(offset, self.word)
@@ -148,7 +154,7 @@ class _Machine:
 
     def expression(self) -> Expression:
         block = self.reader.take(self.reader.uleb())
-        return decode_expression(block, self.cie.address_size, self.i386)
+        return decode_expression(block, self.cie.address_size, self.internal)
 
     def remember(self) -> None:
         if len(self.remembered) >= MAX_REMEMBERED:
@@ -179,13 +185,14 @@ def _new_row(
     return_column: int,
     signal_frame: bool,
     word: int,
+    callee_saved: tuple[int, ...],
 ) -> r.UnwindRow:
     if expression is not None:
         cfa = r.CfaRule(-1, 0, expression, word)
     else:
         assert register is not None
         cfa = r.CfaRule(register, offset, None, word)
-    return r.UnwindRow(cfa, rules, return_column, signal_frame, word=word)
+    return r.UnwindRow(cfa, rules, return_column, signal_frame, word=word, saved=callee_saved)
 
 
 def _signed64(value: int) -> int:
@@ -309,7 +316,9 @@ _EXTENDED: dict[int, Callable[[_Machine], None]] = {
     0x15: _val_offset_sf,
     0x16: _val_expression,
     0x1D: lambda m: m.advance(m.reader.unsigned(8) * m.cie.code_alignment),  # MIPS_advance_loc8
-    0x2D: lambda m: None,  # DW_CFA_GNU_window_save: SPARC/AArch64 state, none on x86-64
+    # DW_CFA_AARCH64_negate_ra_state (SPARC's window_save): the return address is signed
+    # from here; every AArch64 return address is stripped anyway (isa/aarch64.py).
+    0x2D: lambda m: None,
     0x2E: _skip_uleb,
     0x2F: _negative_offset_extended,
 }

@@ -6,8 +6,8 @@ values of the code's word (64 bits, or 32 for i386 code: DWARF's generic type is
 address wide), with a bounded stack and a bounded number of steps; anything else
 raises UnsupportedExpression. Memory reads raise MemoryFault.
 
-i386 expressions are decoded into the internal (x86-64) register numbering like the
-rest of i386 CFI (numbering.py): DW_OP_breg5 (ebp) becomes DW_OP_breg6.
+Expressions are decoded into the internal register numbering like the rest of their
+CFI (numbering.py): i386's DW_OP_breg5 (ebp) becomes DW_OP_breg6.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from qmpprof.errors import BadCfi, UnsupportedExpression
 from qmpprof.memory import MemoryReader, read_word
 from qmpprof.unwind.cfi_entries import Reader
-from qmpprof.unwind.numbering import I386_OTHER, from_i386
+from qmpprof.unwind.numbering import OTHER
 
 MASK = (1 << 64) - 1
 MASK32 = (1 << 32) - 1
@@ -92,12 +92,14 @@ _OPERANDS: dict[int, tuple[str, str]] = {
 _BRANCHES = ("DW_OP_skip", "DW_OP_bra")
 
 
-def decode_expression(block: bytes, address_size: int = 8, i386: bool = False) -> Expression:
+def decode_expression(
+    block: bytes, address_size: int = 8, to_internal: Callable[[int], int] | None = None
+) -> Expression:
     """The operations of a DWARF expression, branch targets resolved to op indexes.
 
-    `address_size`: DW_OP_addr's operand bytes. `i386`: the registers it names are
-    i386's, translated to the internal numbers (one without a twin there becomes an
-    operation the evaluator refuses).
+    `address_size`: DW_OP_addr's operand bytes. `to_internal`: the registers it names
+    are translated to the internal numbers by it (numbering.py; one without a twin there
+    becomes an operation the evaluator refuses); None: they are x86-64's.
 
     Never raises: an operation this module does not know, or one cut short, becomes
     an Op the evaluator refuses (UnsupportedExpression), so only an unwind that
@@ -118,7 +120,7 @@ def decode_expression(block: bytes, address_size: int = 8, i386: bool = False) -
         except BadCfi:
             decoded.append((Op(f"cut short: {name}"), len(block)))
             break
-        decoded.append((_from_i386(op) if i386 else op, reader.position))
+        decoded.append((_renumbered(op, to_internal) if to_internal else op, reader.position))
     offsets[len(block)] = len(decoded)
     return tuple(_resolve_branch(op, end, offsets) for op, end in decoded)
 
@@ -134,16 +136,16 @@ def _operands(reader: Reader, layout: str, address_size: int) -> tuple[int, ...]
     return ()
 
 
-def _from_i386(op: Op) -> Op:
-    """`op` with the i386 register it names renumbered (numbering.from_i386)."""
+def _renumbered(op: Op, to_internal: Callable[[int], int]) -> Op:
+    """`op` with the register it names renumbered (numbering.py)."""
     name = op.name
     if name in ("DW_OP_regx", "DW_OP_bregx"):
-        return Op(name, (from_i386(op.args[0]), *op.args[1:]))
+        return Op(name, (to_internal(op.args[0]), *op.args[1:]))
     for prefix in ("DW_OP_reg", "DW_OP_breg"):
         if name.startswith(prefix) and name[len(prefix) :].isdigit():
-            number = from_i386(int(name[len(prefix) :]))
-            if number >= I386_OTHER:  # no internal twin: refused where evaluated
-                return Op(f"i386 register {number - I386_OTHER} in {name}", op.args)
+            number = to_internal(int(name[len(prefix) :]))
+            if number >= OTHER:  # no internal twin: refused where evaluated
+                return Op(f"register {number - OTHER} with no slot in {name}", op.args)
             return Op(f"{prefix}{number}", op.args)
     return op
 

@@ -1,8 +1,9 @@
 """The closed set of unwind rules one CFI row compiles to, each a formula.
 
-Registers are numbered as DWARF numbers them on x86-64: 0 rax, 1 rdx, 2 rcx, 3 rbx,
-4 rsi, 5 rdi, 6 rbp, 7 rsp, 8-15 r8-r15, 16 the return address (rip). `regs` below
-is the frame being unwound (the callee); the rules give the caller's values.
+Registers are numbered in the unwinder's one numbering (numbering.py), x86-64's DWARF
+numbers first: 0 rax, 1 rdx, 2 rcx, 3 rbx, 4 rsi, 5 rdi, 6 rbp, 7 rsp, 8-15 r8-r15, 16
+the pc (rip), then AArch64's. `regs` below is the frame being unwound (the callee); the
+rules give the caller's values.
 
 32-bit x86 (i386) code is unwound in the same numbering: a 32-bit vCPU's EAX..EIP are
 RAX..RIP's low halves, and i386 CFI's own numbers (0 eax, 1 ecx, 2 edx, 3 ebx, 4 esp,
@@ -17,26 +18,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from qmpprof.errors import MemoryFault, UnsupportedExpression
+from qmpprof.isa.x86 import REGISTER_NAMES as X86_NAMES
 from qmpprof.memory import MemoryReader, read_word
+from qmpprof.unwind import numbering
 from qmpprof.unwind.dwarf_expr import Expression, evaluate
+from qmpprof.unwind.numbering import FRAME_POINTER, PC, STACK_POINTER
 
 #: Index = DWARF register number.
-DWARF_REGISTER_NAMES = (
-    "rax",
-    "rdx",
-    "rcx",
-    "rbx",
-    "rsi",
-    "rdi",
-    "rbp",
-    "rsp",
-    *(f"r{n}" for n in range(8, 16)),
-    "rip",
-)
-RSP = 7
-RBP = 6
-RIP = 16
-REGISTER_COUNT = 17
+DWARF_REGISTER_NAMES = tuple(str(name) for name in X86_NAMES[: PC + 1])
+REGISTER_COUNT = numbering.REGISTER_COUNT
+RSP = STACK_POINTER
+RBP = FRAME_POINTER
+RIP = PC
 #: Registers a normal call preserves (System V): their caller values equal ours
 #: unless a rule says otherwise. All others are unknown in the caller.
 CALLEE_SAVED = frozenset({3, 6, 7, 12, 13, 14, 15})
@@ -215,7 +208,8 @@ class UnwindRow:
     interrupted instruction, not a return address. `switches_stack`: the caller's frame
     may be on another stack (the kernel's IRQ stack links to the task's), so it need
     not lie above this one. `word`: 8 for x86-64 code, 4 for i386 code (its rules read
-    4-byte slots, and the registers a call preserves are i386's).
+    4-byte slots, and the registers a call preserves are i386's). `saved`: the
+    registers a call preserves, where the word does not say (another instruction set's).
     """
 
     cfa: CfaRule
@@ -224,12 +218,13 @@ class UnwindRow:
     signal_frame: bool = False
     switches_stack: bool = False
     word: int = 8
-    #: The registers whose caller values equal ours without a rule, for `word`.
+    saved: tuple[int, ...] | None = None
+    #: The registers whose caller values equal ours without a rule.
     callee_saved: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         saved = _CALLEE_SAVED_IN_ORDER if self.word == 8 else _CALLEE_SAVED_I386_IN_ORDER
-        object.__setattr__(self, "callee_saved", saved)
+        object.__setattr__(self, "callee_saved", self.saved or saved)
 
     def caller_registers(self, regs: Registers, memory: MemoryReader) -> list[int | None]:
         """The caller's registers (index RIP: its pc, None at the end of the stack).

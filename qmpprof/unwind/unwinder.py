@@ -9,6 +9,10 @@ then ends with a StopReason, never an exception, and never loops.
 carries its own word (4 for an i386 module's), and a frame-pointer step takes the word
 of the module at its pc (CfiLookup.word_size), else the vCPU's (`unwind(word=...)`):
 a 32-bit program under a 64-bit kernel has frames of both widths on one stack.
+
+What differs between instruction sets (the frame-pointer convention, whether a call
+returns through a register, signed return addresses, x86's `syscall` edge and call
+sites) the unwind's `isa` says (qmpprof/isa); the loop is the same for each.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from typing import Protocol
 
 from qmpprof.defaults import DEFAULT_MAX_DEPTH
 from qmpprof.errors import MemoryFault, UnsupportedExpression
+from qmpprof.isa.base import Isa
+from qmpprof.isa.registry import isa_of_registers
+from qmpprof.isa.x86 import X86_64
 from qmpprof.memory import MemoryReader, read_word
 from qmpprof.model import (
     KERNEL_HALF,
@@ -29,16 +36,14 @@ from qmpprof.model import (
     UnwoundStack,
 )
 from qmpprof.unwind.callsite import DIRECT_CALL_BYTES, direct_call_target, follows_call
-from qmpprof.unwind.framepointer import frame_pointer_step, leaf_return_slot
 from qmpprof.unwind.rules import (
     DWARF_REGISTER_NAMES,
-    RBP,
-    REGISTER_COUNT,
     RIP,
     RSP,
     Undefined,
     UnwindRow,
 )
+from qmpprof.unwind.stop import StopUnwind
 
 
 class Strategy(Enum):
@@ -73,15 +78,14 @@ class CfiLookup(Protocol):
         ...
 
 
-class _Stop(Exception):
-    def __init__(self, reason: StopReason, address: int | None = None) -> None:
-        self.reason = reason
-        self.address = address
+_Stop = StopUnwind
 
 
 def dwarf_registers(registers: RegisterSet) -> list[int | None]:
-    """The vCPU's registers indexed by DWARF register number."""
-    return [registers.general.get(name) for name in DWARF_REGISTER_NAMES]
+    """The vCPU's registers in the unwinder's numbering (unwind/numbering.py)."""
+    get = registers.general.get
+    names = isa_of_registers(registers.isa, 8).register_names
+    return [get(name) if name is not None else None for name in names]
 
 
 def word_for(bits: int) -> int:
@@ -98,12 +102,14 @@ def unwind(
     code: MemoryReader | None = None,
     max_depth: int = DEFAULT_MAX_DEPTH,
     word: int = 8,
+    isa: Isa = X86_64,
 ) -> UnwoundStack:
     """Unwind from `regs` (DWARF-numbered, RIP the pc). Never raises on guest data.
 
     `word`: the vCPU's, 8 in 64-bit mode, 4 in 32-bit (`word_for`): the width of the
     frame-pointer steps where no module says otherwise (CfiLookup.word_size). Only in
-    64-bit mode is a `syscall` edge recognised."""
+    x86's 64-bit mode is a `syscall` edge recognised. `isa`: the vCPU's instruction set
+    (x86's for either word)."""
     pc = regs[RIP]
     assert pc is not None
     frames = [FrameAddress(pc, FrameKind.INSTRUCTION)]
@@ -113,9 +119,11 @@ def unwind(
     try:
         while len(frames) < max_depth:
             regs, exact, how = _step(
-                regs, exact, len(frames) == 1, memory, cfi, strategy, code, word, widths
+                regs, exact, len(frames) == 1, memory, cfi, strategy, code, word, widths, isa
             )
             caller_pc = regs[RIP]
+            if caller_pc and isa.strip_return is not None:
+                caller_pc = regs[RIP] = isa.strip_return(caller_pc)
             if not caller_pc:
                 return UnwoundStack(tuple(frames), StopReason.END_OF_STACK)
             if caller_pc < FIRST_CODE_ADDRESS:
@@ -140,34 +148,38 @@ def _step(
     code: MemoryReader | None,
     word: int,
     widths: CfiLookup | None,
+    isa: Isa,
 ) -> tuple[list[int | None], bool, Recovery]:
     """One frame up: (caller's registers, whether its pc is exact, how it was found).
     `widths`: where to ask each frame-pointer step's word, when modules of another
     word than the vCPU's are mapped."""
     pc = regs[RIP]
     assert pc is not None
-    if leaf and word == 8 and _at_system_call_edge(regs):
+    if leaf and word == 8 and isa.x86 and _at_system_call_edge(regs):
         return _user_side_of_system_call(regs), True, Recovery.SYSTEM_CALL
     row = None
     if cfi is not None and strategy is not Strategy.FP:
         row = cfi.row_for(pc if exact else pc - 1)
     if row is not None and not _ends_stack(row):
-        return _cfi_step(row, regs, memory), row.signal_frame, Recovery.CFI
+        return _cfi_step(row, regs, memory, isa), row.signal_frame, Recovery.CFI
     if widths is not None:
         word = widths.word_size(pc if exact else pc - 1) or word
     # Where the table ends the stack (6.1's retpoline thunks) or, unwinding with every
     # method, says nothing (6.12's thunks), a call may still have entered the code.
     width = row.word if row is not None else word
-    if (row is not None or strategy is Strategy.AUTO) and _entered_by_a_call(
-        regs, leaf, memory, cfi, code, width
+    if (
+        isa.x86
+        and (row is not None or strategy is Strategy.AUTO)
+        and _entered_by_a_call(regs, leaf, memory, cfi, code, width)
     ):
-        return _fp_step(regs, leaf, memory, code, width, True), False, Recovery.FRAME_POINTER
+        return _fp_step(regs, leaf, memory, code, width, True, isa), False, Recovery.FRAME_POINTER
     if row is not None:
-        return _cfi_step(row, regs, memory), row.signal_frame, Recovery.CFI
+        return _cfi_step(row, regs, memory, isa), row.signal_frame, Recovery.CFI
     if strategy is Strategy.CFI:
         raise _Stop(StopReason.NO_UNWIND_INFO)
     at_entry = leaf and cfi is not None and cfi.starts_function(pc)
-    return _fp_step(regs, leaf, memory, code, word, at_entry), False, Recovery.FRAME_POINTER
+    caller = _fp_step(regs, leaf, memory, code, word, at_entry, isa)
+    return caller, False, Recovery.FRAME_POINTER
 
 
 def _ends_stack(row: UnwindRow) -> bool:
@@ -247,21 +259,18 @@ def _user_side_of_system_call(regs: list[int | None]) -> list[int | None]:
     return caller
 
 
-def _cfi_step(row: UnwindRow, regs: list[int | None], memory: MemoryReader) -> list[int | None]:
+def _cfi_step(
+    row: UnwindRow, regs: list[int | None], memory: MemoryReader, isa: Isa
+) -> list[int | None]:
     try:
         caller = row.caller_registers(regs, memory)
     except MemoryFault as fault:
         raise _Stop(StopReason.FAULT, fault.address) from fault
     except UnsupportedExpression as err:
         raise _Stop(StopReason.BAD_CFI) from err
-    _check_progress(regs, caller, row.signal_frame or row.switches_stack)
+    other_stack = row.signal_frame or row.switches_stack
+    _check_progress(regs, caller, other_stack, isa.returns_through_register)
     return caller
-
-
-#: The callee-saved registers a frame-pointer step keeps, besides RSP and RBP:
-#: x86-64's rbx, r12-r15; i386's ebx, esi, edi.
-_KEPT_64 = (3, 12, 13, 14, 15)
-_KEPT_32 = (3, 4, 5)
 
 
 def _fp_step(
@@ -270,37 +279,26 @@ def _fp_step(
     memory: MemoryReader,
     code: MemoryReader | None,
     word: int,
-    at_entry: bool = False,
+    at_entry: bool,
+    isa: Isa,
 ) -> list[int | None]:
-    rsp, rbp = regs[RSP], regs[RBP]
-    if rsp is None or rbp is None:
-        raise _Stop(StopReason.NO_UNWIND_INFO)
-    slot = leaf_return_slot(code, regs[RIP] or 0, rsp, word) if leaf and code is not None else None
-    if at_entry:
-        slot = rsp
-    if slot is None and 0 < rbp < rsp:
-        raise _Stop(StopReason.NO_PROGRESS)
-    try:
-        caller_pc, caller_rsp, caller_rbp = frame_pointer_step(memory, rsp, rbp, slot, word)
-    except MemoryFault as fault:
-        raise _Stop(StopReason.FAULT, fault.address) from fault
-    if caller_rsp is None:
-        raise _Stop(StopReason.END_OF_STACK if rbp == 0 else StopReason.BAD_FRAME)
-    caller: list[int | None] = [None] * REGISTER_COUNT
-    caller[RIP], caller[RSP], caller[RBP] = caller_pc, caller_rsp, caller_rbp
-    for register in _KEPT_64 if word == 8 else _KEPT_32:
-        caller[register] = regs[register]
-    _check_progress(regs, caller, other_stack=False)
+    caller, same_stack = isa.frame_step(regs, leaf, memory, code, word, at_entry)
+    _check_progress(regs, caller, False, same_stack)
     return caller
 
 
-def _check_progress(regs: list[int | None], caller: list[int | None], other_stack: bool) -> None:
+def _check_progress(
+    regs: list[int | None], caller: list[int | None], other_stack: bool, same_stack: bool = False
+) -> None:
     """A caller's frame lies above its callee's: anything else is garbage or a loop.
+    `same_stack`: or where it does, its return address in a register (an AArch64 leaf).
 
     An interrupt frame or a stack switch may move to another stack, so only its own
     repetition is caught (by the caller of this function)."""
     before, after = regs[RSP], caller[RSP]
     if after is None:
         raise _Stop(StopReason.NO_PROGRESS)
-    if not other_stack and before is not None and after <= before:
+    if other_stack or before is None or after > before:
+        return
+    if not (same_stack and after == before):
         raise _Stop(StopReason.NO_PROGRESS)

@@ -21,12 +21,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qmpprof.errors import BadCfi, MemoryFault, UnsupportedExpression
+from qmpprof.isa.base import Isa
+from qmpprof.isa.x86 import X86_64
 from qmpprof.memory import WindowMemory
 from qmpprof.model import MemoryWindow, StopReason
-from qmpprof.unwind.cfi import CfiTable, elf_word, load_cfi
+from qmpprof.unwind.cfi import CfiTable, elf_isa, load_cfi
 from qmpprof.unwind.cfi_entries import FdeEntry, parse_section
 from qmpprof.unwind.cfi_program import compile_fde
 from qmpprof.unwind.dwarf_expr import decode_expression, evaluate
+from qmpprof.unwind.numbering import from_i386
 from qmpprof.unwind.rules import REGISTER_COUNT, RIP, RSP
 from qmpprof.unwind.unwinder import Strategy, unwind
 from tests.fuzz.budget import cases, counted
@@ -47,11 +50,15 @@ class Section:
     address: int
     starts: list[int]  # where its FDEs start: the addresses each case looks up
     address_size: int = 8
-    word: int = 8  # 4: an i386 file's
+    isa: Isa = X86_64  # an i386 file's: I386
+
+    @property
+    def word(self) -> int:
+        return self.isa.word
 
     def table(self, data: bytes) -> CfiTable:
         eh_frame = self.name == ".eh_frame"
-        found = parse_section(data, self.address, eh_frame, self.address_size, self.word)
+        found = parse_section(data, self.address, eh_frame, self.address_size, self.isa)
         return CfiTable(found.fdes, found.problems)
 
 
@@ -59,14 +66,14 @@ def sections_of(elf: Path) -> list[Section]:
     found = []
     with elf.open("rb") as stream:
         file = ELFFile(stream)
-        address_size, word = file.elfclass // 8, elf_word(file)
+        address_size, isa = file.elfclass // 8, elf_isa(file)
         for name in (".eh_frame", ".debug_frame"):
             section = file.get_section_by_name(name)
             if section is not None:
                 data, address = section.data(), section["sh_addr"]
-                fdes = parse_section(data, address, name == ".eh_frame", address_size, word).fdes
+                fdes = parse_section(data, address, name == ".eh_frame", address_size, isa).fdes
                 starts = [fde.start for fde in fdes]
-                found.append(Section(name, data, address, starts, address_size, word))
+                found.append(Section(name, data, address, starts, address_size, isa))
     return found
 
 
@@ -132,7 +139,7 @@ def a_real_fde(sections: list[Section]) -> FdeEntry:
     section = sections[0]
     eh_frame = section.name == ".eh_frame"
     found = parse_section(
-        section.data, section.address, eh_frame, section.address_size, section.word
+        section.data, section.address, eh_frame, section.address_size, section.isa
     )
     return found.fdes[0]
 
@@ -180,7 +187,7 @@ def test_random_i386_expressions(block: bytes, base: int) -> None:
     """i386 register numbers, 4-byte addresses and words: a 32-bit value or our error."""
     regs: list[int | None] = [(base + 4 * n) % 2**32 for n in range(REGISTER_COUNT)]
     with contextlib.suppress(UnsupportedExpression, MemoryFault):
-        value = evaluate(decode_expression(block, 4, i386=True), regs, MEMORY, (STACK,), 4)
+        value = evaluate(decode_expression(block, 4, from_i386), regs, MEMORY, (STACK,), 4)
         assert 0 <= value < 1 << 32
 
 

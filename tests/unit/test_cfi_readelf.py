@@ -31,7 +31,7 @@ from elftools.elf.elffile import ELFFile
 
 from qmpprof.errors import BadCfi
 from qmpprof.unwind import rules as r
-from qmpprof.unwind.cfi import elf_word
+from qmpprof.unwind.cfi import elf_isa, elf_word
 from qmpprof.unwind.cfi_entries import FdeEntry, parse_section
 from qmpprof.unwind.cfi_program import compile_fde
 from qmpprof.unwind.numbering import I386_OTHER
@@ -261,13 +261,13 @@ def our_fdes(elf: Path) -> dict[tuple[str, int, int], FdeEntry]:
     found: dict[tuple[str, int, int], FdeEntry] = {}
     with elf.open("rb") as stream:
         file = ELFFile(stream)
-        address_size, word = file.elfclass // 8, elf_word(file)
+        address_size, isa = file.elfclass // 8, elf_isa(file)
         for name in (".eh_frame", ".debug_frame"):
             section = file.get_section_by_name(name)
             if section is None:
                 continue
             data, address = section.data(), section["sh_addr"]
-            entries = parse_section(data, address, name == ".eh_frame", address_size, word)
+            entries = parse_section(data, address, name == ".eh_frame", address_size, isa)
             assert not entries.problems, entries.problems
             found.update({(name, fde.start, fde.end): fde for fde in entries.fdes})
     return found

@@ -13,6 +13,7 @@ from qmpprof.model import MemoryWindow
 from qmpprof.unwind import rules as r
 from qmpprof.unwind.cfi import load_cfi
 from qmpprof.unwind.dwarf_expr import Op, decode_expression, evaluate
+from qmpprof.unwind.numbering import from_i386
 from tests.unit.conftest import build_elf
 from tests.unit.test_cfi_readelf import describe_row, expected_rows, readelf_entries
 
@@ -118,7 +119,7 @@ def test_an_i386_row_keeps_i386_callee_saved_registers() -> None:
 def test_i386_expressions_are_renumbered_when_decoded() -> None:
     # DW_OP_breg4 (esp) 4; DW_OP_breg5 (ebp) -8; DW_OP_plus; DW_OP_breg8 (eip) 0; DW_OP_plus
     block = bytes([0x74, 4, 0x75, 0x78, 0x22, 0x78, 0, 0x22])
-    ops = decode_expression(block, 4, i386=True)
+    ops = decode_expression(block, 4, from_i386)
     assert [op.name for op in ops] == [
         "DW_OP_breg7",
         "DW_OP_breg6",
@@ -128,7 +129,7 @@ def test_i386_expressions_are_renumbered_when_decoded() -> None:
     ]
     assert decode_expression(block)[0].name == "DW_OP_breg4"  # x86-64's rsi, as before
     # DW_OP_bregx 1 (ecx) 0; DW_OP_regx 3 (ebx)
-    assert decode_expression(bytes([0x92, 1, 0, 0x90, 3]), 4, i386=True) == (
+    assert decode_expression(bytes([0x92, 1, 0, 0x90, 3]), 4, from_i386) == (
         Op("DW_OP_bregx", (2, 0)),
         Op("DW_OP_regx", (3,)),
     )
@@ -138,7 +139,7 @@ def test_i386_registers_without_an_x86_64_twin_are_refused_when_evaluated() -> N
     regs: list[int | None] = [0x1000] * r.REGISTER_COUNT
     memory = WindowMemory([])
     for block in (bytes([0x79, 0]), bytes([0x92, 9, 0])):  # DW_OP_breg9/bregx 9: eflags
-        ops = decode_expression(block, 4, i386=True)
+        ops = decode_expression(block, 4, from_i386)
         with pytest.raises(UnsupportedExpression):
             evaluate(ops, regs, memory, (), 4)
 

@@ -16,6 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "qmpprof"
 BOTTOM = ("qmpprof.errors", "qmpprof.model", "qmpprof.defaults", "qmpprof.visible")
 #: Pure code: everything after a RawSample, replayable offline.
 PURE = (
+    "qmpprof.isa",
     "qmpprof.unwind",
     "qmpprof.symbols",
     "qmpprof.guest",

@@ -30,6 +30,7 @@ from qmpprof.guest.linux.kaslr import linked_string, mismatch_banner
 from qmpprof.memory import FetchingMemory, WindowFetch, WindowMemory
 from qmpprof.model import IDLE_CONTEXT, MemoryWindow, Process
 from qmpprof.target.registers import parse_all
+from qmpprof.unwind.numbering import REGISTER_COUNT
 from tests.unit.conftest import build_elf
 
 DATA = json.loads((Path(__file__).parent / "data" / "linux" / "tasks.json").read_text())
@@ -274,6 +275,6 @@ def test_i386_user_registers_are_the_pt_regs_below_the_stack_top() -> None:
     assert user is not None
     # recorded inside entry_SYSENTER_32, before it fills its frame's ip and sp (0 there
     # yet): the saved CS (user mode) is what says these are a user's registers
-    assert len(user) == 17 and user[16] is not None and user[7] is not None
+    assert len(user) == REGISTER_COUNT and user[16] is not None and user[7] is not None
     stack = linux.kernel_stack(kernel, memory)
     assert stack is not None and stack[1] == 8192 and stack[0] % 8192 == 0

@@ -21,6 +21,7 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from qmpprof.address_space import AddressSpace, user_mapping
+from qmpprof.isa.x86 import I386 as I386_ISA
 from qmpprof.memory import MemoryReader, WindowMemory
 from qmpprof.model import KERNEL_HALF, MemoryWindow, Recovery, StopReason
 from qmpprof.modules import load_module
@@ -199,7 +200,7 @@ def test_x86_64_cfi_in_an_elf32_i386_file_stays_x86_64(tmp_path: Path) -> None:
         section = ELFFile(stream).get_section_by_name(".eh_frame")
         assert section is not None
         data, address = section.data(), section["sh_addr"]
-    fdes = parse_section(data, address, True, 4, word=4).fdes
+    fdes = parse_section(data, address, True, 4, I386_ISA).fdes
     assert fdes and all(fde.cie.word == 8 for fde in fdes)
 
 

@@ -1,0 +1,195 @@
+"""AArch64: QEMU's register dump, frame records, the link register, signed returns.
+
+A call leaves its return address in x30 (the link register, LR), not on the stack: a
+function's caller is in LR until the function saves it, in its frame record
+(`[x29] = caller's x29, [x29 + 8] = LR`) for code built with frame pointers. CFI's
+return column is x30 (DWARF 30), whose rule, where the CIE gives none, is "same value".
+
+Return addresses may be signed (pointer authentication: `paciasp`, CFI's
+DW_CFA_AARCH64_negate_ra_state): the signature sits in the bits above the virtual
+address size. With 48-bit addresses, bit 55 says which half the address is in, and
+copying it over bits 48-63 takes the signature off; an unsigned address is unchanged,
+so every return address is stripped, signed or not. 52-bit addresses and other
+translation granules are not handled yet.
+"""
+
+from __future__ import annotations
+
+import re
+
+from qmpprof.errors import MemoryFault, RegisterParseError
+from qmpprof.isa.base import Isa, Registers
+from qmpprof.memory import MemoryReader
+from qmpprof.model import RegisterSet, StopReason
+from qmpprof.unwind.numbering import (
+    AARCH64_LR,
+    AARCH64_X0,
+    FRAME_POINTER,
+    PC,
+    REGISTER_COUNT,
+    STACK_POINTER,
+    from_aarch64,
+)
+from qmpprof.unwind.stop import StopUnwind
+
+#: RegisterSet.general's names by internal number (unwind/numbering.py).
+REGISTER_NAMES: tuple[str | None, ...] = tuple(
+    {
+        FRAME_POINTER: "x29",
+        STACK_POINTER: "sp",
+        PC: "pc",
+        AARCH64_LR: "x30",
+        **{AARCH64_X0 + n: f"x{n}" for n in range(29)},
+    }.get(number)
+    for number in range(REGISTER_COUNT)
+)
+#: AAPCS64: x19-x28, the frame pointer and sp survive a call.
+CALLEE_SAVED = (FRAME_POINTER, STACK_POINTER, *range(AARCH64_X0 + 19, AARCH64_X0 + 29))
+
+_VA_BITS = 48
+_LOW_HALF = (1 << _VA_BITS) - 1
+_HIGH_BITS = ((1 << 64) - 1) ^ _LOW_HALF
+_HALF_BIT = 1 << 55
+
+
+def strip_return(address: int) -> int:
+    """`address` with a pointer-authentication signature taken off (48-bit addresses)."""
+    return address | _HIGH_BITS if address & _HALF_BIT else address & _LOW_HALF
+
+
+# Instructions a leaf's frame-record step recognises (A64, little-endian words).
+_PACIASP = 0xD503233F
+_BTI_C = 0xD503245F
+_RET = 0xD65F03C0
+_RETAA = 0xD65F0BFF
+#: `stp x29, x30, [sp, #-n]!`: any n (the imm7 field masked out).
+_STP_FRAME_MASK, _STP_FRAME = 0xFFC07FFF, 0xA9807BFD
+_MOV_X29_SP = 0x910003FD
+
+
+def _instruction(code: MemoryReader, address: int) -> int | None:
+    try:
+        return int.from_bytes(code.read(address, 4), "little")
+    except MemoryFault:
+        return None
+
+
+def _leaf_caller_in_lr(code: MemoryReader | None, pc: int) -> bool | None:
+    """Where a leaf keeps its caller: True in LR (before `stp x29, x30` stored the
+    frame record, or at the `ret` after it was popped), False in a frame record at SP
+    (the record stored, x29 not yet pointing at it), None: where x29 says."""
+    if code is None:
+        return None
+    word = _instruction(code, pc)
+    if word in (_PACIASP, _BTI_C, _RET, _RETAA):
+        return True
+    if word is not None and word & _STP_FRAME_MASK == _STP_FRAME:
+        return True
+    if word == _MOV_X29_SP and (_instruction(code, pc - 4) or 0) & _STP_FRAME_MASK == _STP_FRAME:
+        return False
+    return None
+
+
+def frame_step(
+    regs: Registers,
+    leaf: bool,
+    memory: MemoryReader,
+    code: MemoryReader | None,
+    word: int,
+    at_entry: bool,
+) -> tuple[Registers, bool]:
+    """One frame record up (x29's chain); a leaf whose record is not set up (or is
+    popped) returns to LR, with the stack it has."""
+    sp, fp = regs[STACK_POINTER], regs[FRAME_POINTER]
+    if sp is None or fp is None:
+        raise StopUnwind(StopReason.NO_UNWIND_INFO)
+    where = True if leaf and at_entry else _leaf_caller_in_lr(code, regs[PC] or 0) if leaf else None
+    caller: Registers = [None] * REGISTER_COUNT
+    for register in CALLEE_SAVED:
+        caller[register] = regs[register]
+    if where is True:
+        if regs[AARCH64_LR] is None:
+            raise StopUnwind(StopReason.NO_UNWIND_INFO)
+        caller[PC] = regs[AARCH64_LR]
+        return caller, True
+    record = sp if where is False else fp
+    if where is None and (fp == 0 or fp % 8):
+        raise StopUnwind(StopReason.END_OF_STACK if fp == 0 else StopReason.BAD_FRAME)
+    if where is None and fp < sp:
+        raise StopUnwind(StopReason.NO_PROGRESS)
+    try:
+        caller[FRAME_POINTER] = memory.read_u64(record)
+        caller[PC] = memory.read_u64(record + 8)
+    except MemoryFault as fault:
+        raise StopUnwind(StopReason.FAULT, fault.address) from fault
+    caller[STACK_POINTER] = record + 16
+    return caller, False
+
+
+AARCH64 = Isa(
+    name="aarch64",
+    word=8,
+    to_internal=from_aarch64,
+    callee_saved=CALLEE_SAVED,
+    register_names=REGISTER_NAMES,
+    frame_step=frame_step,
+    returns_through_register=True,
+    strip_return=strip_return,
+)
+
+
+# -- QEMU's register dump (target/arm/cpu.c, aarch64_cpu_dump_state) -------------------
+
+# Bounded repetitions only (see target/registers.py): a scan costs O(n) on any text.
+_HEX = "[0-9a-f]{1,16}+"
+_SPACE = r"\s{1,8}+"
+_X_NAMES = tuple(f"X{n:02d}" for n in range(31))
+#: PC, X00..X30, SP and PSTATE in QEMU's fixed order: one match reads them all, and the
+#: kilobytes of SVE and FP state after them are never scanned.
+_LAYOUT = re.compile(
+    r"\s{0,8}+PC=(?P<PC>"
+    + _HEX
+    + ")"
+    + "".join(rf"{_SPACE}{name}=(?P<{name}>{_HEX})" for name in _X_NAMES)
+    + rf"{_SPACE}SP=(?P<SP>{_HEX}){_SPACE}PSTATE=(?P<PSTATE>[0-9a-f]{{1,8}}+)"
+)
+_ASSIGNMENT = re.compile(r"\b([A-Z][A-Z0-9]{0,7}+)=([0-9a-f]{1,16}+)\b")
+#: Where the state a profile needs ends: FP/SIMD and SVE registers follow.
+_TAIL_MARKERS = ("\nFPCR=", "\nFPSR=", "\nQ00=", "\nZ00=", "\nP00=", "FPU disabled")
+_PSTATE_NRW = 1 << 4
+
+
+def is_aarch64_block(text: str) -> bool:
+    """Whether a `CPU#n` block is an AArch64 vCPU's (it opens with PC= and X00=)."""
+    head = text[:64].lstrip()
+    return head.startswith("PC=") and "X00=" in head
+
+
+def parse_block(text: str, vcpu: int) -> RegisterSet:
+    """The registers of one AArch64 vCPU's `CPU#n` block. Raises RegisterParseError."""
+    match = _LAYOUT.match(text)
+    values = match.groupdict() if match else _scanned(text)
+    missing = [name for name in ("PC", "SP", "PSTATE", "X29", "X30") if name not in values]
+    if missing:
+        raise RegisterParseError(f"vCPU {vcpu}: no {', '.join(missing)} in register dump")
+    pstate = int(values["PSTATE"], 16)
+    if pstate & _PSTATE_NRW:
+        raise RegisterParseError(f"vCPU {vcpu}: in AArch32 state, which is not supported")
+    general = {f"x{n}": int(values[f"X{n:02d}"], 16) for n in range(31) if f"X{n:02d}" in values}
+    general |= {"sp": int(values["SP"], 16), "pc": int(values["PC"], 16), "pstate": pstate}
+    return RegisterSet(
+        vcpu=vcpu,
+        general=general,
+        cs=0,
+        cpl=(pstate >> 2) & 3,
+        halted=False,
+        bits=64,
+        isa="aarch64",
+    )
+
+
+def _scanned(text: str) -> dict[str, str]:
+    """Every `NAME=hex` before the FP and vector state (the first one of a name wins)."""
+    ends = [at for at in (text.find(marker) for marker in _TAIL_MARKERS) if at >= 0]
+    head = text[: min(ends)] if ends else text
+    return dict(reversed(_ASSIGNMENT.findall(head)))

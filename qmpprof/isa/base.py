@@ -1,0 +1,52 @@
+"""The `Isa` type: what one instruction set decides, for the parts of qmpprof that ask."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from qmpprof.memory import MemoryReader
+
+Registers = list[int | None]
+
+
+class FrameStep(Protocol):
+    def __call__(
+        self,
+        regs: Registers,
+        leaf: bool,
+        memory: MemoryReader,
+        code: MemoryReader | None,
+        word: int,
+        at_entry: bool,
+    ) -> tuple[Registers, bool]:
+        """The caller's registers by the frame-pointer convention, and whether its
+        stack may lie where the callee's does (a leaf whose caller is in a register).
+        Raises StopUnwind."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Isa:
+    """One instruction set, as the unwinder and the CFI decoder see it."""
+
+    name: str
+    #: Bytes of an address and a stack slot.
+    word: int
+    #: The unwinder's number (unwind/numbering.py) of each DWARF register number.
+    to_internal: Callable[[int], int]
+    #: Internal numbers of the registers a call preserves.
+    callee_saved: tuple[int, ...]
+    #: The RegisterSet.general name of each internal register (None: no such register).
+    register_names: tuple[str | None, ...]
+    #: One step up the frame-pointer chain.
+    frame_step: FrameStep
+    #: A call leaves the return address in a register (AArch64's link register), not on
+    #: the stack: a function's caller is in that register until the function saves it,
+    #: and a leaf's caller may have the same stack pointer.
+    returns_through_register: bool = False
+    #: Return addresses may be signed: the address with its signature taken off.
+    strip_return: Callable[[int], int] | None = None
+    #: x86-64's `syscall` edge and the call-site tests of x86 code bytes apply.
+    x86: bool = False
