@@ -159,10 +159,13 @@ _TAIL_MARKERS = ("\nFPCR=", "\nFPSR=", "\nQ00=", "\nZ00=", "\nP00=", "FPU disabl
 _PSTATE_NRW = 1 << 4
 
 
+#: How far into a block its PSTATE line is looked for (after the 33 registers before it).
+_PSTATE_WITHIN = 4096
+
+
 def is_aarch64_block(text: str) -> bool:
-    """Whether a `CPU#n` block is an AArch64 vCPU's (it opens with PC= and X00=)."""
-    head = text[:64].lstrip()
-    return head.startswith("PC=") and "X00=" in head
+    """Whether a `CPU#n` block is an AArch64 vCPU's: it has a PSTATE, as no x86 one does."""
+    return "PSTATE=" in text[:_PSTATE_WITHIN]
 
 
 def parse_block(text: str, vcpu: int) -> RegisterSet:

@@ -21,10 +21,11 @@ DUMPS = [
         "regs_seabios_32bit_smp2",
         "regs_guest_longmode",
         "regs_guest_longmode_smp2_qmp",
+        "regs_aarch64_el0_sve_smp2",
     )
 ]
 #: Characters of real dumps, so that random text often looks almost right.
-LOOKALIKE = "CPU#RAXBXSIDEFLGHTP0123456789abcdef=[]- \n\r"
+LOOKALIKE = "CPU#RAXBXSIDEFLGHTPZ0123456789abcdef=[]:- \n\r"
 
 
 def parse_or_refuse(text: str) -> list[RegisterSet]:
@@ -35,7 +36,7 @@ def parse_or_refuse(text: str) -> list[RegisterSet]:
         return []
     for cpu in cpus:
         assert cpu.bits in (16, 32, 64)
-        assert 0 <= cpu.rip < 1 << 64 and 0 <= cpu.rsp < 1 << 64
+        assert 0 <= cpu.pc < 1 << 64 and 0 <= cpu.sp < 1 << 64
         assert cpu.cpl in range(16)
     return cpus
 
