@@ -10,11 +10,11 @@ STAMP := $(VENV)/.installed
 #: a venv), the commands that tell they are there; the tests need the rest as well.
 DEMO_APT_PACKAGES := qemu-system-x86 gcc libc6-dev make binutils python3-venv
 DEMO_TOOLS := qemu-system-x86_64 gcc make ld readelf
-APT_PACKAGES := $(DEMO_APT_PACKAGES) gdb tmux dwarves debuginfod libarchive-tools linux-perf libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-clients-qemu libvirt-daemon-system libvirt-daemon-system-sysv python3-libvirt memtest86+
+APT_PACKAGES := $(DEMO_APT_PACKAGES) gdb tmux dwarves debuginfod libarchive-tools linux-perf libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-clients-qemu libvirt-daemon-system libvirt-daemon-system-sysv python3-libvirt memtest86+ qemu-system-arm gdb-multiarch gcc-aarch64-linux-gnu libc6-dev-arm64-cross
 #: A path stands for a package that installs no command (memtest86+: a real bare-metal
 #: guest with no symbols for the tests; libvirt-daemon-system-sysv: a system-mode libvirtd,
 #: its libvirt-qemu user, without systemd as init; python3-libvirt: what --libvirt uses).
-TOOLS := $(DEMO_TOOLS) gdb tmux pahole debuginfod bsdtar perf libvirtd virtlogd virsh virt-qemu-qmp-proxy /etc/init.d/libvirtd /usr/lib/python3/dist-packages/libvirt.py /boot/memtest86+x64.bin
+TOOLS := $(DEMO_TOOLS) gdb tmux pahole debuginfod bsdtar perf libvirtd virtlogd virsh virt-qemu-qmp-proxy /etc/init.d/libvirtd /usr/lib/python3/dist-packages/libvirt.py /boot/memtest86+x64.bin qemu-system-aarch64 gdb-multiarch aarch64-linux-gnu-gcc
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: help demo test unit integration fuzz mutants bench kaslr-bench serve-soak lint format deps demo-deps system-deps demo-system-deps guest linux-guest linux-oracle i386-oracle consumers clean

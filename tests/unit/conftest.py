@@ -17,7 +17,7 @@ DATA = Path(__file__).parent / "data"
 
 #: (source, flags) -> a pristine copy of the ELF built from them: a second request copies
 #: it instead of running gcc again (a test may change or move the copy it gets).
-_BUILT: dict[tuple[str, tuple[str, ...]], Path] = {}
+_BUILT: dict[tuple[str, tuple[str, ...], str], Path] = {}
 
 
 @functools.cache
@@ -27,16 +27,18 @@ def _built_dir() -> Path:
     return path
 
 
-def build_elf(source: str, out_dir: Path, *flags: str) -> Path:
-    if shutil.which("gcc") is None:
-        pytest.fail("gcc is needed to build test ELF files (make test installs it)")
-    output = out_dir / (Path(source).stem + "".join(flags).replace("-", "_") + ".elf")
-    pristine = _BUILT.get((source, flags))
+def build_elf(source: str, out_dir: Path, *flags: str, cc: str = "gcc") -> Path:
+    """`source` (in data/) built by `cc` with `flags` (once a session, then copied)."""
+    if shutil.which(cc) is None:
+        pytest.fail(f"{cc} is needed to build test ELF files (make test installs it)")
+    name = Path(source).stem + "".join(flags).replace("-", "_")
+    output = out_dir / (name + ("" if cc == "gcc" else f"_{cc}") + ".elf")
+    pristine = _BUILT.get((source, flags, cc))
     if pristine is None:
-        subprocess.run(["gcc", *flags, "-o", str(output), str(DATA / source)], check=True)
+        subprocess.run([cc, *flags, "-o", str(output), str(DATA / source)], check=True)
         pristine = _built_dir() / f"{len(_BUILT)}-{output.name}"
         shutil.copy2(output, pristine)
-        _BUILT[(source, flags)] = pristine
+        _BUILT[(source, flags, cc)] = pristine
     else:
         shutil.copy2(pristine, output)
     return output
