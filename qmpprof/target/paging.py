@@ -1,11 +1,15 @@
-"""x86 virtual-to-physical translation by walking a guest's page tables (pure).
+"""Virtual-to-physical translation by walking a guest's page tables (pure).
 
 Given something that reads guest *physical* memory and one vCPU's paging registers
-(CR0, CR3, CR4, EFER), `VirtualMemory` reads guest *virtual* memory as that vCPU sees
-it. Modes: paging disabled (identity), 32-bit (4 KiB pages, 4 MiB with CR4.PSE), PAE
-(4 KiB and 2 MiB pages) and long mode with 4- or 5-level tables (CR4.LA57; 4 KiB,
-2 MiB and 1 GiB pages). The page tables are guest memory, hence hostile input: a walk
-has a fixed number of levels, every read may fault, reserved bits are masked away.
+(x86: CR0, CR3, CR4, EFER; AArch64: TTBR0_EL1, TTBR1_EL1, TCR_EL1), `VirtualMemory`
+reads guest *virtual* memory as that vCPU sees it. x86 modes: paging disabled
+(identity), 32-bit (4 KiB pages, 4 MiB with CR4.PSE), PAE (4 KiB and 2 MiB pages) and
+long mode with 4- or 5-level tables (CR4.LA57; 4 KiB, 2 MiB and 1 GiB pages). AArch64:
+the 4 KiB granule with 48-bit addresses (4 levels; 4 KiB pages, 2 MiB and 1 GiB
+blocks), the lower half from TTBR0's table and the upper half from TTBR1's; other
+granules and address sizes are refused (`UnsupportedPaging`). The page tables are guest
+memory, hence hostile input: a walk has a fixed number of levels, every read may fault,
+reserved bits are masked away.
 """
 
 from __future__ import annotations
@@ -73,13 +77,19 @@ class WordReader(PhysicalReader, Protocol):
 
 
 class PagingMode(Enum):
-    """How a vCPU translates virtual addresses, from CR0.PG, CR4.PAE/LA57 and EFER.LMA."""
+    """How a vCPU translates virtual addresses: x86's from CR0.PG, CR4.PAE/LA57 and
+    EFER.LMA; AArch64's 4 KiB granule with 48-bit addresses."""
 
     DISABLED = "disabled"
     LEGACY = "32-bit"
     PAE = "pae"
     LONG4 = "4-level"
     LONG5 = "5-level"
+    AARCH64_4K_48 = "aarch64-4k-48"
+
+
+class UnsupportedPaging(Exception):
+    """The vCPU translates in a way this module does not walk (one line, why)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +122,48 @@ class PagingState:
         return _root(self, self.mode)
 
 
+@dataclass(frozen=True, slots=True)
+class Aarch64PagingState:
+    """The registers that decide an AArch64 vCPU's EL1&0 translation. TCR_EL1 0: not
+    known, taken as Linux's usual 4 KiB granule with 48-bit addresses in both halves."""
+
+    ttbr0: int
+    ttbr1: int
+    tcr: int = 0
+
+    @property
+    def mode(self) -> PagingMode:
+        """Raises UnsupportedPaging for a granule or address size not walked here."""
+        if self.tcr:
+            t0sz, t1sz = self.tcr & 0x3F, (self.tcr >> 16) & 0x3F
+            tg0, tg1 = (self.tcr >> 14) & 3, (self.tcr >> 30) & 3
+            if (t0sz, t1sz) != (16, 16) or tg0 != _TG0_4K or tg1 != _TG1_4K:
+                raise UnsupportedPaging(
+                    f"AArch64 translation with T0SZ={t0sz} T1SZ={t1sz} TG0={tg0} TG1={tg1}:"
+                    " only the 4 KiB granule with 48-bit addresses is walked"
+                )
+        return PagingMode.AARCH64_4K_48
+
+    @property
+    def root(self) -> int:
+        return self.ttbr0 & _A64_TABLE_ADDRESS
+
+    @property
+    def upper_root(self) -> int:
+        return self.ttbr1 & _A64_TABLE_ADDRESS
+
+
+_TG0_4K, _TG1_4K = 0, 2
+#: A table's address in TTBRn_EL1 (the ASID above, CnP below) and in a descriptor
+#: (bits 47..12; above them the upper attributes: GP, DBM, contiguous, PXN, UXN).
+_A64_TABLE_ADDRESS = 0x0000_FFFF_FFFF_F000
+_A64_BLOCK_1G = _A64_TABLE_ADDRESS & ~((1 << 30) - 1)
+_A64_BLOCK_2M = _A64_TABLE_ADDRESS & ~((1 << 21) - 1)
+#: Descriptor bits: 0 valid; 1, above the last level, a table (1) or a block (0); at the
+#: last level a page must have it set.
+_A64_VALID = 1 << 0
+_A64_TABLE = 1 << 1
+
 #: One table level: (index shift, entries - 1, entry bytes, large-page frame mask or 0
 #: where the PS bit does not make a large page).
 _Level = tuple[int, int, int, int]
@@ -123,7 +175,18 @@ _LONG_LOWER: tuple[_Level, ...] = (
 )
 
 
-def _levels(state: PagingState, mode: PagingMode) -> tuple[_Level, ...]:
+_AARCH64_LEVELS: tuple[_Level, ...] = (
+    (39, 511, 8, 0),
+    (30, 511, 8, _A64_BLOCK_1G),
+    (21, 511, 8, _A64_BLOCK_2M),
+    (12, 511, 8, 0),
+)
+
+
+def _levels(state: PagingState | Aarch64PagingState, mode: PagingMode) -> tuple[_Level, ...]:
+    if mode is PagingMode.AARCH64_4K_48:
+        return _AARCH64_LEVELS
+    assert isinstance(state, PagingState)
     if mode is PagingMode.LONG5:
         return ((48, 511, 8, 0), *_LONG_LOWER)
     if mode is PagingMode.LONG4:
@@ -146,7 +209,9 @@ def _steps(levels: tuple[_Level, ...]) -> tuple[_Level, ...]:
     )
 
 
-def _root(state: PagingState, mode: PagingMode) -> int:
+def _root(state: PagingState | Aarch64PagingState, mode: PagingMode) -> int:
+    if isinstance(state, Aarch64PagingState):
+        return state.root
     if mode is PagingMode.PAE:
         return state.cr3 & 0xFFFF_FFE0  # the PDPT is 32-byte aligned, below 4 GiB
     if mode is PagingMode.LEGACY:
@@ -167,6 +232,8 @@ def _address_limits(mode: PagingMode) -> tuple[int, int]:
     """
     if mode is PagingMode.LONG4:
         return 1 << 47, _ADDRESS_SPACE_END - (1 << 47)
+    if mode is PagingMode.AARCH64_4K_48:
+        return 1 << 48, _ADDRESS_SPACE_END - (1 << 48)
     if mode is PagingMode.LONG5:
         return 1 << 56, _ADDRESS_SPACE_END - (1 << 56)
     return 1 << 32, _ADDRESS_SPACE_END
@@ -205,14 +272,15 @@ class VirtualMemory:
     def __init__(
         self,
         physical: PhysicalReader,
-        state: PagingState,
+        state: PagingState | Aarch64PagingState,
         tables: TableCache | None = None,
         upper_root: int | None = None,
     ) -> None:
         """`tables`: the page tables read so far, to share with the other vCPUs' readers
         of the same moment. `upper_root`: a second top-level table to
         walk an upper-half address from when the vCPU's own does not map it (a kernel
-        that isolates its page tables runs user code on one that maps little of it)."""
+        that isolates its page tables runs user code on one that maps little of it).
+        Raises UnsupportedPaging."""
         self.physical = physical
         self.state = state
         self._read = physical.read_physical
@@ -222,6 +290,22 @@ class VirtualMemory:
         self._levels = _levels(state, mode)
         self._root = _root(state, mode)
         self._upper_root = upper_root if mode is not PagingMode.DISABLED else None
+        #: AArch64's upper half has a table of its own (TTBR1), walked alone.
+        self._high_root: int | None = None
+        #: What an entry's bits say: present (x86 P; AArch64 valid); a large page where
+        #: `entry & large_mask == large_value` (x86 PS set; AArch64 a block, bit 1 clear);
+        #: a last-level entry maps a page where it has all of `leaf_mask`.
+        self._valid, self._large_mask, self._large_value = _PRESENT, _LARGE, _LARGE
+        self._leaf_mask, self._address_mask = _PRESENT, _ADDRESS_MASK
+        #: A large-page entry at a level without large pages: x86 ignores PS there,
+        #: AArch64 calls such a block descriptor invalid.
+        self._blocks_anywhere_fault = False
+        if isinstance(state, Aarch64PagingState):
+            self._blocks_anywhere_fault = True
+            self._high_root, self._upper_root = state.upper_root, None
+            self._valid, self._large_mask, self._large_value = _A64_VALID, _A64_TABLE, 0
+            self._leaf_mask = _A64_VALID | _A64_TABLE
+            self._address_mask = _A64_TABLE_ADDRESS
         self._low_end, self._high_start = _address_limits(mode)
         #: Where `upper_root` may answer: the upper half (32-bit: from 2 GiB up, where a
         #: 3G/1G or 2G/2G kernel lies).
@@ -379,6 +463,11 @@ class VirtualMemory:
             raise MemoryFault(address, size)  # non-canonical, or beyond 32 bits
         if not self._levels:
             return address & ~_PAGE_OFFSET, PAGE_SIZE
+        if self._high_root is not None and address >= self._high_start:
+            try:
+                return self._walk_tables(address, self._high_root, size)
+            except MemoryFault as err:
+                raise MemoryFault(address, size) from err
         try:
             return self._walk_tables(address, self._root, size)
         except MemoryFault as err:  # name the virtual address, as for a not-present entry
@@ -401,18 +490,24 @@ class VirtualMemory:
                 return self._leaf(address, table, size)
         table = root
         entries = self._entries
+        valid, large_mask, large_value = self._valid, self._large_mask, self._large_value
         for shift, offset_shift, offset_mask, large_frame in self._upper_steps:
             entry_address = table + ((address >> offset_shift) & offset_mask)
             entry = entries.get(entry_address)
             if entry is None:
                 entry = self._read_entry(entry_address)
-            if not entry & _PRESENT:
+            if not entry & valid:
                 raise MemoryFault(address)
-            if large_frame and entry & _LARGE:
+            if entry & large_mask == large_value:
+                if not large_frame:  # x86 ignores PS there; AArch64 has no block there
+                    if self._blocks_anywhere_fault:
+                        raise MemoryFault(address)
+                    table = entry & self._address_mask
+                    continue
                 offset = address & ((1 << shift) - 1) & ~_PAGE_OFFSET
                 frame = _large_page(entry, self._entry_size, large_frame)
                 return frame | offset, (1 << shift) - offset
-            table = entry & _ADDRESS_MASK
+            table = entry & self._address_mask
         if own:
             if len(self._leaf_tables) >= CACHE_LIMIT:
                 self._leaf_tables.clear()
@@ -437,27 +532,27 @@ class VirtualMemory:
                 raise MemoryFault(address)
             entries = _ENTRIES[entry_size].iter_unpack(data)
             entry = next(entries)[0]
-            if not entry & _PRESENT:
+            if entry & self._leaf_mask != self._leaf_mask:
                 raise MemoryFault(address)
             self._keep_pages((address >> PAGE_SHIFT) + 1, (e for (e,) in entries))
-            return entry & _ADDRESS_MASK, PAGE_SIZE
+            return entry & self._address_mask, PAGE_SIZE
         entry_address = table + offset
         entry = self._entries.get(entry_address)
         if entry is None:
             entry = self._read_entry(entry_address)
-        if not entry & _PRESENT:
+        if entry & self._leaf_mask != self._leaf_mask:
             raise MemoryFault(address)
-        return entry & _ADDRESS_MASK, PAGE_SIZE
+        return entry & self._address_mask, PAGE_SIZE
 
     def _keep_pages(self, page: int, entries: Iterator[int]) -> None:
         """The frames of the pages from `page` on, as long as their `entries` map one."""
-        cache = self._cache
+        cache, leaf, address_mask = self._cache, self._leaf_mask, self._address_mask
         for entry in entries:
-            if not entry & _PRESENT:
+            if entry & leaf != leaf:
                 if self._upper_root is None:  # else another root may map it (_walk)
                     cache[page] = _UNMAPPED  # where a stack's read stops: not walked again
                 return
-            cache[page] = (entry & _ADDRESS_MASK, PAGE_SIZE)
+            cache[page] = (entry & address_mask, PAGE_SIZE)
             page += 1
 
     def _read_entry(self, entry_address: int) -> int:

@@ -1,14 +1,16 @@
 """Hostile page tables: random guest physical memory and random paging registers.
 Every read returns exactly the bytes asked for or raises MemoryFault; read_prefix never
 raises; nothing allocates by a size taken from the guest. A 32-bit vCPU's modes (2-level
-32-bit paging with 4 KiB and 4 MiB pages, PAE) are also checked against a walk written
-from the manual, translation for translation."""
+32-bit paging with 4 KiB and 4 MiB pages, PAE) and AArch64's 4 KiB granule with
+48-bit addresses are also checked against a walk written from the manual (Intel SDM
+volume 3 chapter 4; Arm ARM D8, VMSAv8-64 descriptors), translation for translation."""
 
 from __future__ import annotations
 
 import random
 import struct
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -18,9 +20,11 @@ from qmpprof.defaults import PAGE_SIZE
 from qmpprof.errors import MemoryFault
 from qmpprof.target.paging import (
     MAX_READ_BYTES,
+    Aarch64PagingState,
     PagingMode,
     PagingState,
     TableCache,
+    UnsupportedPaging,
     VirtualMemory,
 )
 from tests.fuzz.budget import cases, counted
@@ -258,7 +262,7 @@ def address32(rng: random.Random) -> int:
 def check_against(
     memory: VirtualMemory,
     ram: RandomRam,
-    reference: Callable[[RandomRam, PagingState, int], int | None],
+    reference: Callable[[RandomRam, Any, int], int | None],
     address: int,
 ) -> None:
     expected = reference(ram, memory.state, address)
@@ -329,3 +333,86 @@ def test_32_bit_and_pae_walkers_sharing_tables_keep_their_entries_apart(seed: in
         address = address32(rng)
         check_against(legacy, ram, reference_legacy, address)
         check_against(pae, ram, reference_pae, address)
+
+
+class RandomRamA64(RandomRam):
+    """RandomRam whose entries are AArch64 descriptors: invalid, block (bit 1 clear) or
+    table/page (bit 1 set), with attributes above bit 47 that are no address."""
+
+    def _page(self, page: int) -> bytes:
+        if page not in self.pages:
+            rng = random.Random(f"a64:{self.seed}:{page}")
+            words = struct.unpack(f"<{PAGE_SIZE // 8}Q", rng.randbytes(PAGE_SIZE))
+            entries = [
+                (word % (PAGES + 2)) << 12 | (0x3, 0x3, 0x1, 0x0)[word >> 62] | (word & 0x7FF) << 53
+                for word in words
+            ]
+            self.pages[page] = struct.pack(f"<{len(entries)}Q", *entries)
+        return self.pages[page]
+
+
+def reference_aarch64(ram: RandomRam, state: Aarch64PagingState, address: int) -> int | None:
+    """VMSAv8-64, 4 KiB granule, 48-bit addresses: TTBR0 (address bits 63..48 clear) or
+    TTBR1 (all set) -> level 0 -> 1 (or a 1 GiB block) -> 2 (or a 2 MiB block) -> 3."""
+    top = address >> 48
+    if top not in (0, 0xFFFF):
+        return None
+    table = (state.ttbr1 if top else state.ttbr0) & 0x0000_FFFF_FFFF_F000
+    for level, shift in enumerate((39, 30, 21, 12)):
+        descriptor = _entry(ram, table + (address >> shift & 0x1FF) * 8, 8)
+        if descriptor is None:
+            return None
+        output = descriptor & 0x0000_FFFF_FFFF_F000
+        if level == 3:
+            return output | (address & 0xFFF) if descriptor & 2 else None
+        if not descriptor & 2:  # a block: at levels 1 and 2 only
+            if level == 0:
+                return None
+            size = 1 << shift
+            return (output & ~(size - 1)) | (address & (size - 1))
+        table = output
+    return None
+
+
+def address_a64(rng: random.Random) -> int:
+    return rng.choice(
+        [
+            rng.getrandbits(64),
+            rng.getrandbits(48),
+            rng.randrange(PAGES * PAGE_SIZE),
+            (0xFFFF << 48) | rng.getrandbits(48),
+            (1 << 48) - rng.randrange(1, 3 * PAGE_SIZE),
+        ]
+    )
+
+
+class WordRandomRamA64(WordReads, RandomRamA64):
+    pass
+
+
+@pytest.mark.parametrize("reads", [RandomRamA64, WordRandomRamA64])
+@settings(max_examples=cases(100))
+@given(seed=st.integers(0, 1 << 64))
+@counted
+def test_aarch64_paging_translates_as_the_manual_says(reads: type[RandomRam], seed: int) -> None:
+    rng = random.Random(seed)
+    ram = reads(seed)
+    asid = rng.getrandbits(16) << 48  # an ASID above the table's address, CnP below
+    ttbr0 = asid | rng.randrange(PAGES) * PAGE_SIZE | rng.getrandbits(1)
+    ttbr1 = rng.randrange(PAGES) * PAGE_SIZE
+    state = Aarch64PagingState(ttbr0, ttbr1, rng.choice([0, 0x80100010 | 0x10 << 16]))
+    assert state.mode is PagingMode.AARCH64_4K_48
+    memory = VirtualMemory(ram, state)
+    for _ in range(16):
+        check_against(memory, ram, reference_aarch64, address_a64(rng))
+
+
+@pytest.mark.parametrize(
+    "tcr",
+    [0x8010_4010, 0x4010_0010, 0x8010_000C, 0x8014_0010],
+    ids=["64k", "16k", "52bit", "44bit"],
+)
+def test_aarch64_granules_and_sizes_not_walked_are_refused(tcr: int) -> None:
+    """TCR_EL1's TG0/TG1 and T0SZ/T1SZ: anything but 4 KiB with 48-bit addresses."""
+    with pytest.raises(UnsupportedPaging, match="only the 4 KiB granule"):
+        VirtualMemory(RandomRamA64(0), Aarch64PagingState(0, 0, tcr))
