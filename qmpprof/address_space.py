@@ -15,10 +15,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from qmpprof.errors import MemoryFault
+from qmpprof.isa.registry import ISAS
 from qmpprof.model import KERNEL_HALF, FileMapping, KernelModule, MappedFile
 from qmpprof.modules import Module, unread_file, unread_module
 from qmpprof.symbols.elf import SymbolTable
-from qmpprof.unwind.callsite import follows_call
 from qmpprof.unwind.rules import UnwindRow
 
 #: One past the highest x86-64 address.
@@ -290,4 +290,4 @@ class ReturnSites:
             self._space.code.read(address - 1, 1)
         except MemoryFault:
             return False
-        return follows_call(self._space.code, address)
+        return ISAS[mapping.module.isa].follows_call(self._space.code, address)

@@ -189,6 +189,15 @@ class Analyzer:
         """The width of the kernel's code: 32 for an ELF32 kernel, else 64."""
         return 8 * self.kernel.word if self.kernel is not None else 64
 
+    def kernel_code(self, address: int, size: int) -> bytes | None:
+        """The kernel file's code at running `address`, if it has it there."""
+        if self.kernel is None:
+            return None
+        try:
+            return self.kernel.code.read(address - self.kernel_bias, size)
+        except MemoryFault:
+            return None
+
     @property
     def has_kernel_symbols(self) -> bool:
         return self.kernel is not None and len(self.kernel.symbols) > 0

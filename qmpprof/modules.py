@@ -20,7 +20,7 @@ from qmpprof.symbols.elf import PlainTable, Symbol, SymbolTable, read_code_symbo
 from qmpprof.symbols.elf_file import open_elf
 from qmpprof.symbols.image import code_sections
 from qmpprof.symbols.plt import plt_symbols
-from qmpprof.unwind.cfi import CfiTable, elf_word, load_cfi
+from qmpprof.unwind.cfi import CfiTable, elf_isa, load_cfi
 from qmpprof.unwind.orc import OrcTable, read_orc
 from qmpprof.unwind.orc_mends import mend_error_entry_returns
 
@@ -74,6 +74,8 @@ class Module:
     #: The word of its code, from its ELF class: 8 (x86-64), 4 (i386: ELF32 EM_386).
     #: Its frame-pointer steps read slots this wide (its CFI rows carry their own).
     word: int = 8
+    #: The instruction set of its code (qmpprof/isa): how a call instruction looks.
+    isa: str = "x86_64"
 
     def bias_in(self, mapping: FileMapping) -> int | None:
         """The load bias (guest = file address + bias) that puts this file's byte at
@@ -108,7 +110,7 @@ def load_module(
         extent = _extent(sections)
         orc = read_orc(elf, extent[1])
         loads = load_segments(elf)
-        word = elf_word(elf)
+        isa = elf_isa(elf)
     cfi = load_cfi(path, key)
     code = WindowMemory(sections)
     if orc is not None:
@@ -125,7 +127,8 @@ def load_module(
         orc,
         loads,
         debug,
-        word=word,
+        word=isa.word,
+        isa=isa.name,
     )
 
 

@@ -67,6 +67,17 @@ _STP_FRAME_MASK, _STP_FRAME = 0xFFC07FFF, 0xA9807BFD
 _MOV_X29_SP = 0x910003FD
 
 
+_WFI = 0xD503207F
+_WFE = 0xD503205F
+
+
+def waits_after(instruction: bytes) -> bool:
+    """Whether `instruction` (the 4 bytes before a vCPU's pc) is WFI or WFE: QEMU moves
+    the pc past a wait for an interrupt before it halts the vCPU there, and its register
+    dump has no halt flag of its own."""
+    return len(instruction) == 4 and int.from_bytes(instruction, "little") in (_WFI, _WFE)
+
+
 def _instruction(code: MemoryReader, address: int) -> int | None:
     try:
         return int.from_bytes(code.read(address, 4), "little")
@@ -88,6 +99,22 @@ def _leaf_caller_in_lr(code: MemoryReader | None, pc: int) -> bool | None:
     if word == _MOV_X29_SP and (_instruction(code, pc - 4) or 0) & _STP_FRAME_MASK == _STP_FRAME:
         return False
     return None
+
+
+#: BL imm26; BLR Xn; BLRAA/BLRAB Xn, Xm and BLRAAZ/BLRABZ Xn (pointer authentication):
+#: (mask, value) of each, the operands masked out.
+_CALLS = ((0xFC00_0000, 0x9400_0000), (0xFFFF_FC1F, 0xD63F_0000), (0xFEFF_F800, 0xD63F_0800))
+
+
+def follows_call(code: MemoryReader, return_address: int) -> bool | None:
+    """Whether the instruction before `return_address` is a call (BL, BLR, BLRA*); None
+    if the code cannot be read. A return address is 4-byte aligned."""
+    if return_address % 4:
+        return False
+    word = _instruction(code, return_address - 4)
+    if word is None:
+        return None
+    return any(word & mask == value for mask, value in _CALLS)
 
 
 def frame_step(
@@ -135,6 +162,7 @@ AARCH64 = Isa(
     frame_step=frame_step,
     returns_through_register=True,
     strip_return=strip_return,
+    follows_call=follows_call,
 )
 
 

@@ -50,3 +50,6 @@ class Isa:
     strip_return: Callable[[int], int] | None = None
     #: x86-64's `syscall` edge and the call-site tests of x86 code bytes apply.
     x86: bool = False
+    #: Whether a call instruction ends right before a return address (None: the code
+    #: cannot be read). Set by each module.
+    follows_call: Callable[[MemoryReader, int], bool | None] = lambda code, address: None

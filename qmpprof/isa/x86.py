@@ -10,6 +10,7 @@ from qmpprof.errors import MemoryFault
 from qmpprof.isa.base import Isa, Registers
 from qmpprof.memory import MemoryReader
 from qmpprof.model import StopReason
+from qmpprof.unwind.callsite import follows_call
 from qmpprof.unwind.framepointer import frame_pointer_step, leaf_return_slot
 from qmpprof.unwind.numbering import (
     FRAME_POINTER,
@@ -83,6 +84,7 @@ X86_64 = Isa(
     register_names=REGISTER_NAMES,
     frame_step=frame_step,
     x86=True,
+    follows_call=follows_call,
 )
 I386 = Isa(
     name="i386",
@@ -92,4 +94,5 @@ I386 = Isa(
     register_names=REGISTER_NAMES,
     frame_step=frame_step,
     x86=True,
+    follows_call=follows_call,
 )

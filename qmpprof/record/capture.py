@@ -24,6 +24,7 @@ from qmpprof.analysis import Analyzer
 from qmpprof.defaults import DEFAULT_STACK_BYTES, PAGE_SIZE
 from qmpprof.errors import MemoryFault
 from qmpprof.guest.linux.adapter import LinuxAdapter
+from qmpprof.isa import aarch64
 from qmpprof.memory import FetchingMemory, WindowFetch, WindowMemory
 from qmpprof.model import (
     KERNEL_HALF,
@@ -213,7 +214,18 @@ class Capturer:
             self._session.prime(then)
         self._memory.set_registers(registers)
         cpus = self._config.cpus
-        return [regs for regs in registers if not cpus or regs.vcpu in cpus]
+        return [await self._halt_read(regs) for regs in registers if not cpus or regs.vcpu in cpus]
+
+    async def _halt_read(self, regs: RegisterSet) -> RegisterSet:
+        """`regs`, halted where an AArch64 vCPU waits for an interrupt (aarch64.waits_after:
+        the instruction before its pc, from the kernel's file where it has one, else
+        from guest memory); x86's dump says so itself."""
+        if regs.isa != "aarch64" or regs.halted:
+            return regs
+        before = self._analyzer.kernel_code(regs.pc - 4, 4)
+        if before is None:
+            before = await self._memory.read_window(regs.vcpu, regs.pc - 4, 4)
+        return replace(regs, halted=True) if aarch64.waits_after(before) else regs
 
     def prime(self) -> None:
         """Have QEMU read the next capture's register request already (QmpSession.prime):

@@ -24,9 +24,9 @@ from elftools.elf.elffile import ELFFile
 from qmpprof.errors import BadElf
 from qmpprof.visible import visible
 
-#: e_machine values qmpprof unwinds and walks page tables for (a 32-bit ELF may carry
-#: x86-64 code, as multiboot kernels do, so the class is not checked).
-X86_MACHINES = ("EM_X86_64", "EM_386")
+#: e_machine values qmpprof unwinds (a 32-bit ELF may carry x86-64 code, as multiboot
+#: kernels do, so the class is not checked; qmpprof/isa/registry.py says which is which).
+MACHINES = ("EM_X86_64", "EM_386", "EM_AARCH64")
 
 #: What pyelftools raises on malformed bytes (seen by fuzzing it: its own errors,
 #: construct's, struct's, asserts on DWARF it does not expect, seek() past 2**63,
@@ -90,11 +90,12 @@ def describe(error: BaseException) -> str:
 
 
 def check_layout(elf: ELFFile, file_size: int, path: str) -> None:
-    """Raise BadElf unless `elf` is for x86 and every section pyelftools may read lies
+    """Raise BadElf unless `elf` is for x86 or AArch64 and every section pyelftools may read lies
     inside the file, with sizes it can read without a huge allocation."""
     machine = elf["e_machine"]
-    if machine not in X86_MACHINES:
-        raise BadElf(path, f"built for {_machine_name(machine)}: qmpprof profiles x86 guests")
+    if machine not in MACHINES:
+        reason = f"built for {_machine_name(machine)}: qmpprof profiles x86 and AArch64 guests"
+        raise BadElf(path, reason)
     _check_section_table(elf, file_size, path)
     stored = sum(
         _checked_section(elf, index, section, file_size, path)

@@ -250,12 +250,6 @@ def elf_isa(elf: ELFFile) -> Isa:
     return isa_of_elf(elf["e_machine"], elf.elfclass)
 
 
-def elf_word(elf: ELFFile) -> int:
-    """The word of the code an ELF file holds: 4 for i386 (ELF32, EM_386), else 8
-    (x86-64's, AArch64's; an x32 file's code has 64-bit registers too)."""
-    return elf_isa(elf).word
-
-
 def load_cfi(path: str | Path, key: FileKey | None = None) -> CfiTable:
     """The CFI of the ELF at `path` (.eh_frame first, .debug_frame where it adds), its
     entries kept in the derived cache under `key` (symbols/derived.py). Raises BadElf."""

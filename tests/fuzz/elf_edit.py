@@ -23,6 +23,7 @@ SHDR_FIELDS = {
 }
 SHT_NOBITS = 8
 EM_AARCH64 = 183
+EM_RISCV = 243
 
 
 @dataclass(frozen=True)

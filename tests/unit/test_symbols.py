@@ -15,7 +15,7 @@ from qmpprof.symbols.symbolizer import Symbolizer
 from tests.fuzz.elf_edit import (
     E_MACHINE,
     E_SHOFF,
-    EM_AARCH64,
+    EM_RISCV,
     SHT_NOBITS,
     section,
     with_field,
@@ -112,19 +112,21 @@ def test_a_32_bit_x86_elf_is_read(tmp_path: Path) -> None:
         assert symbol is not None and (symbol.address, symbol.size) == functions[name]
 
 
-def test_an_aarch64_elf_is_refused_in_one_line(symbols_elf: Path, tmp_path: Path) -> None:
-    arm = tmp_path / "arm.elf"
-    arm.write_bytes(with_field(symbols_elf.read_bytes(), E_MACHINE, "<H", EM_AARCH64))
+def test_an_elf_of_another_machine_is_refused_in_one_line(
+    symbols_elf: Path, tmp_path: Path
+) -> None:
+    riscv = tmp_path / "riscv.elf"
+    riscv.write_bytes(with_field(symbols_elf.read_bytes(), E_MACHINE, "<H", EM_RISCV))
     assert (
-        "AArch64"
-        in subprocess.run(["readelf", "-h", str(arm)], capture_output=True, text=True).stdout
+        "RISC-V"
+        in subprocess.run(["readelf", "-h", str(riscv)], capture_output=True, text=True).stdout
     )
     with pytest.raises(
-        BadElf, match=r"built for AARCH64 \(EM_AARCH64\): qmpprof profiles x86"
+        BadElf, match=r"built for RISCV \(EM_RISCV\): qmpprof profiles x86 and AArch64"
     ) as error:
-        load_module(arm)
+        load_module(riscv)
     assert "\n" not in str(error.value)
-    assert ExampleGuestAdapter.from_kernel(arm) is None
+    assert ExampleGuestAdapter.from_kernel(riscv) is None
 
 
 #: (section, header field, value, what BadElf says): damage pyelftools would have
