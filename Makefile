@@ -17,7 +17,7 @@ APT_PACKAGES := $(DEMO_APT_PACKAGES) gdb tmux dwarves debuginfod libarchive-tool
 TOOLS := $(DEMO_TOOLS) gdb tmux pahole debuginfod bsdtar perf libvirtd virtlogd virsh virt-qemu-qmp-proxy /etc/init.d/libvirtd /usr/lib/python3/dist-packages/libvirt.py /boot/memtest86+x64.bin qemu-system-aarch64 gdb-multiarch aarch64-linux-gnu-gcc
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help demo test unit integration fuzz mutants bench kaslr-bench serve-soak lint format deps demo-deps system-deps demo-system-deps guest linux-guest linux-oracle i386-oracle consumers clean
+.PHONY: help demo test unit integration fuzz mutants bench kaslr-bench serve-soak lint format deps demo-deps system-deps demo-system-deps guest guest-aarch64 linux-guest linux-oracle i386-oracle consumers clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -25,22 +25,22 @@ help:  ## list the targets
 demo: demo-deps $(if $(filter linux,$(GUEST)),,guest)  ## boot the example guest (ARCH=i386: its 32-bit build; GUEST=linux: Debian's kernel, ~75 MB fetched once), profile it 10 s, write demo/, print the hottest stacks
 	@PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/demo.sh
 
-test: deps guest linux-guest consumers  ## run every test (unit, consumers, integration against a real QEMU)
+test: deps guest guest-aarch64 linux-guest consumers  ## run every test (unit, consumers, integration against a real QEMU)
 	$(BIN)/pytest -q tests
 
 unit: deps  ## unit tests only (no QEMU), without the slow sweeps (`make test` runs those)
 	$(BIN)/pytest -q -m 'not slow' tests/unit
 
-integration: deps guest linux-guest  ## integration tests only (boots the example guest)
+integration: deps guest guest-aarch64 linux-guest  ## integration tests only (boots the example guest)
 	$(BIN)/pytest -q tests/integration
 
-mutants: deps guest linux-guest  ## break qmpprof in one place at a time (a frame kind dropped, the KASLR slide off by one, ...) and say which test catches each
+mutants: deps guest guest-aarch64 linux-guest  ## break qmpprof in one place at a time (a frame kind dropped, the KASLR slide off by one, ...) and say which test catches each
 	$(BIN)/python -m tests.mutants.run
 
 #: Cases per fuzz test under `make fuzz` (tests that parse a whole file per case run a
 #: tenth of it: tests/fuzz/file_budget.py); the default gives well over 100,000 in all.
 FUZZ_CASES ?= 10000
-fuzz: deps guest  ## every fuzz test (tests/fuzz) with FUZZ_CASES cases each; prints cases/s and failures
+fuzz: deps guest guest-aarch64  ## every fuzz test (tests/fuzz) with FUZZ_CASES cases each; prints cases/s and failures
 	QMPPROF_FUZZ_CASES=$(FUZZ_CASES) $(BIN)/pytest -q tests/fuzz
 
 ACCEL ?= tcg
@@ -127,11 +127,15 @@ $(STAMP): pyproject.toml
 consumers:  ## install the tools that open our outputs in tests (go tool pprof, chromium, speedscope)
 	bash tests/consumers/install.sh
 
-guest:  ## build the example guest OS, both variants, 64- and 32-bit (the tests unwind all four)
+guest:  ## build the example guest OS, both variants, 64- and 32-bit x86 (the tests unwind all four)
 	$(MAKE) -s -C examples/guest ARCH=x86_64
 	$(MAKE) -s -C examples/guest ARCH=x86_64 VARIANT=nofp
 	$(MAKE) -s -C examples/guest ARCH=i386
 	$(MAKE) -s -C examples/guest ARCH=i386 VARIANT=nofp
+
+guest-aarch64:  ## build the example guest's AArch64 build, both variants (Debian's cross gcc)
+	$(MAKE) -s -C examples/guest ARCH=aarch64
+	$(MAKE) -s -C examples/guest ARCH=aarch64 VARIANT=nofp
 
 linux-guest:  ## fetch Debian's kernels (6.1, 6.12, bullseye's 5.10, 6.1's 686-pae) + debug vmlinux and each release's libc6 (+ -dbg) once (~/.cache/qmpprof), build the initramfs files and sysroots
 	bash examples/linux/fetch.sh --all >/dev/null

@@ -4,17 +4,19 @@
 #   boot.sh --qmp SOCKET [--gdb SOCKET] [--smp N] [--accel tcg[,thread=single|multi]|kvm|auto]
 #           [--serial LOG] [--variant fp] [--memory-backend PATH] [--timeout SEC]
 #           [--workload kernel|user|compat] [--extra-qmp SOCKET]
-#           [--arch x86_64|i386] [--paging 2level|pae] [--qemu-binary QEMU]
+#           [--arch x86_64|i386|aarch64] [--paging 2level|pae] [--qemu-binary QEMU]
 #   boot.sh stop PID
 #
 # On success prints, one per line on stdout:
 #   pid=<QEMU pid> kernel=<abs path of kernel.elf> qmp=<socket> gdb=<socket or empty>
 #   serial=<log> accel=<tcg|kvm> user_dir=<abs path of build/VARIANT/user>
-# (--arch i386: build/i386-VARIANT/...). Everything else (make output,
+# (--arch i386: build/i386-VARIANT/..., --arch aarch64: build/aarch64-VARIANT/...
+# under qemu-system-aarch64 -M virt -cpu max). Everything else (make output,
 # diagnostics) goes to stderr.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+qemu_given=${QEMU:+1}       # --arch aarch64 picks qemu-system-aarch64 unless given
 QEMU=${QEMU:-qemu-system-x86_64}
 READY_LINE='qmpprof-guest: ready'
 MEMORY=128M
@@ -27,7 +29,7 @@ die() {
 }
 
 usage() {   # usage EXIT_CODE
-    sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit "$1"
 }
 
@@ -81,7 +83,7 @@ while [[ $# -gt 0 ]]; do
         --workload) workload=${2:?--workload needs a value}; shift 2 ;;
         --arch) arch=${2:?--arch needs a value}; shift 2 ;;
         --paging) paging=${2:?--paging needs a value}; shift 2 ;;
-        --qemu-binary) QEMU=${2:?--qemu-binary needs a value}; shift 2 ;;
+        --qemu-binary) QEMU=${2:?--qemu-binary needs a value}; qemu_given=1; shift 2 ;;
         -h|--help) usage 0 ;;
         *) echo "boot.sh: unknown argument '$1'" >&2; usage 2 ;;
     esac
@@ -92,10 +94,13 @@ done
 [[ $variant =~ ^[A-Za-z0-9_]+$ ]] || die "bad --variant '$variant'"
 case $accel in tcg|tcg,thread=single|tcg,thread=multi|kvm|auto) ;; *) die "--accel must be tcg, tcg,thread=single, tcg,thread=multi, kvm or auto" ;; esac
 case $workload in kernel|user|compat) ;; *) die "--workload must be kernel, user or compat" ;; esac
-case $arch in x86_64|i386) ;; *) die "--arch must be x86_64 or i386" ;; esac
+case $arch in x86_64|i386|aarch64) ;; *) die "--arch must be x86_64, i386 or aarch64" ;; esac
 # compat: a 32-bit process in compatibility mode under the 64-bit kernel
 [[ $workload == compat && $arch != x86_64 ]] && die "--workload compat is for --arch x86_64 only"
-if [[ $arch == i386 ]]; then
+if [[ $arch == aarch64 ]]; then
+    [[ -z $paging ]] || die "--paging is for --arch i386 only"
+    [[ -n $qemu_given ]] || QEMU=qemu-system-aarch64
+elif [[ $arch == i386 ]]; then
     case ${paging:=2level} in 2level|pae) ;; *) die "--paging must be 2level or pae" ;; esac
 elif [[ -n $paging ]]; then
     die "--paging is for --arch i386 only (x86_64 runs in long mode)"
@@ -118,6 +123,13 @@ if [[ $arch == x86_64 ]]; then
     kernel_elf="$HERE/build/$variant/kernel.elf"
     kernel_boot="$HERE/build/$variant/kernel.boot"
     user_dir="$HERE/build/$variant/user"
+elif [[ $arch == aarch64 ]]; then
+    # aarch64: kernel.elf is the boot image (QEMU loads it at its LMA, -M virt).
+    flock "$HERE/build/.make.lock" make -s -C "$HERE" ARCH=aarch64 VARIANT="$variant" >&2 ||
+        die "build of variant '$variant' (aarch64) failed"
+    kernel_elf="$HERE/build/aarch64-$variant/kernel.elf"
+    kernel_boot=$kernel_elf
+    user_dir="$HERE/build/aarch64-$variant/user"
 else
     # i386: kernel.elf (ELF32 multiboot) is the boot image itself.
     flock "$HERE/build/.make.lock" make -s -C "$HERE" ARCH=i386 VARIANT="$variant" >&2 ||
@@ -137,12 +149,16 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM HUP
 
+# The board: the PC default for x86, the virt board for aarch64.
+machine_args=()
+[[ $arch == aarch64 ]] && machine_args=(-M virt -cpu max)
+
 # start_qemu ACCEL SERIAL_LOG [extra QEMU args...]: daemonized QEMU; prints its pid.
 start_qemu() {
     local acc=$1 log=$2 pidfile="$tmpdir/qemu.pid" errlog="$tmpdir/qemu.err"
     shift 2
     rm -f "$log" "$pidfile"
-    if ! "$QEMU" -accel "$acc" -display none -no-reboot -m "$MEMORY" \
+    if ! "$QEMU" ${machine_args[@]+"${machine_args[@]}"} -accel "$acc" -display none -no-reboot -m "$MEMORY" \
         -name qmpprof-guest -kernel "$kernel_boot" -serial "file:$log" \
         -daemonize -pidfile "$pidfile" "$@" </dev/null >/dev/null 2>"$errlog"; then
         echo "boot.sh: QEMU ($acc) failed to start: $(tr '\n' ' ' <"$errlog")" >&2
@@ -228,7 +244,9 @@ probe_kvm() {
     return 0
 }
 
-if [[ $accel == auto ]]; then
+if [[ $accel == auto && $arch == aarch64 ]]; then
+    accel=tcg       # no KVM for an Arm guest on this (x86) host: no probe
+elif [[ $accel == auto ]]; then
     if probe_kvm; then accel=kvm; else accel=tcg; fi
 fi
 
