@@ -17,7 +17,7 @@ APT_PACKAGES := $(DEMO_APT_PACKAGES) gdb tmux dwarves debuginfod libarchive-tool
 TOOLS := $(DEMO_TOOLS) gdb tmux pahole debuginfod bsdtar perf libvirtd virtlogd virsh virt-qemu-qmp-proxy /etc/init.d/libvirtd /usr/lib/python3/dist-packages/libvirt.py /boot/memtest86+x64.bin qemu-system-aarch64 gdb-multiarch aarch64-linux-gnu-gcc
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help demo test unit integration fuzz mutants bench kaslr-bench serve-soak lint format deps demo-deps system-deps demo-system-deps guest guest-aarch64 linux-guest linux-oracle i386-oracle consumers clean
+.PHONY: help demo test unit integration fuzz mutants bench kaslr-bench serve-soak lint format deps demo-deps system-deps demo-system-deps guest guest-aarch64 linux-guest linux-oracle i386-oracle aarch64-oracle consumers clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -159,6 +159,11 @@ I386_PAUSES ?= 150
 
 i386-oracle: deps guest  ## qmpprof vs GDB on the 32-bit example guest: 2-level and PAE paging, frame pointers and CFI, kernel and user workloads, I386_PAUSES pauses each
 	QMPPROF_I386_PAUSES=$(I386_PAUSES) $(BIN)/pytest -q -s tests/integration/test_gdb_agreement_i386.py tests/integration/test_linux_i386.py
+
+#: Pauses per configuration for `make aarch64-oracle` (the issue's acceptance: 150 or more).
+AARCH64_PAUSES ?= 150
+aarch64-oracle: deps guest-aarch64  ## qmpprof vs gdb-multiarch on the AArch64 example guest: frame records and CFI, signed and unsigned return addresses, AARCH64_PAUSES pauses each
+	QMPPROF_AARCH64_PAUSES=$(AARCH64_PAUSES) $(BIN)/pytest -q -s tests/integration/test_gdb_agreement_aarch64.py
 
 .PHONY: pictures
 pictures: deps linux-guest consumers  ## regenerate docs/images/ (flame graph, summary, top) from a real run of the Linux demo guest

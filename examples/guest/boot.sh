@@ -5,6 +5,7 @@
 #           [--serial LOG] [--variant fp] [--memory-backend PATH] [--timeout SEC]
 #           [--workload kernel|user|compat] [--extra-qmp SOCKET]
 #           [--arch x86_64|i386|aarch64] [--paging 2level|pae] [--qemu-binary QEMU]
+#           [--cpu MODEL]   (aarch64: the virt board's CPU, default max)
 #   boot.sh stop PID
 #
 # On success prints, one per line on stdout:
@@ -29,7 +30,7 @@ die() {
 }
 
 usage() {   # usage EXIT_CODE
-    sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit "$1"
 }
 
@@ -68,7 +69,7 @@ if [[ ${1:-} == stop ]]; then
 fi
 
 qmp='' extra_qmp='' gdb='' smp=1 accel=auto serial='' variant=fp membackend='' timeout=30 workload=kernel
-arch=x86_64 paging=''
+arch=x86_64 paging='' cpu_model=''
 while [[ $# -gt 0 ]]; do
     case $1 in
         --qmp) qmp=${2:?--qmp needs a value}; shift 2 ;;
@@ -83,6 +84,7 @@ while [[ $# -gt 0 ]]; do
         --workload) workload=${2:?--workload needs a value}; shift 2 ;;
         --arch) arch=${2:?--arch needs a value}; shift 2 ;;
         --paging) paging=${2:?--paging needs a value}; shift 2 ;;
+        --cpu) cpu_model=${2:?--cpu needs a value}; shift 2 ;;
         --qemu-binary) QEMU=${2:?--qemu-binary needs a value}; qemu_given=1; shift 2 ;;
         -h|--help) usage 0 ;;
         *) echo "boot.sh: unknown argument '$1'" >&2; usage 2 ;;
@@ -97,6 +99,8 @@ case $workload in kernel|user|compat) ;; *) die "--workload must be kernel, user
 case $arch in x86_64|i386|aarch64) ;; *) die "--arch must be x86_64, i386 or aarch64" ;; esac
 # compat: a 32-bit process in compatibility mode under the 64-bit kernel
 [[ $workload == compat && $arch != x86_64 ]] && die "--workload compat is for --arch x86_64 only"
+[[ -z ${cpu_model:-} || $arch == aarch64 ]] || die "--cpu is for --arch aarch64 only"
+[[ ${cpu_model:-max} =~ ^[A-Za-z0-9_.,=-]+$ ]] || die "bad --cpu '$cpu_model'"
 if [[ $arch == aarch64 ]]; then
     [[ -z $paging ]] || die "--paging is for --arch i386 only"
     [[ -n $qemu_given ]] || QEMU=qemu-system-aarch64
@@ -151,7 +155,7 @@ trap 'exit 130' INT TERM HUP
 
 # The board: the PC default for x86, the virt board for aarch64.
 machine_args=()
-[[ $arch == aarch64 ]] && machine_args=(-M virt -cpu max)
+[[ $arch == aarch64 ]] && machine_args=(-M virt -cpu "${cpu_model:-max}")
 
 # start_qemu ACCEL SERIAL_LOG [extra QEMU args...]: daemonized QEMU; prints its pid.
 start_qemu() {

@@ -18,9 +18,9 @@ from __future__ import annotations
 import re
 
 from qmpprof.errors import MemoryFault, RegisterParseError
-from qmpprof.isa.base import Isa, Registers
+from qmpprof.isa.base import Isa, Progress, Registers
 from qmpprof.memory import MemoryReader
-from qmpprof.model import RegisterSet, StopReason
+from qmpprof.model import KERNEL_HALF, RegisterSet, StopReason
 from qmpprof.unwind.numbering import (
     AARCH64_LR,
     AARCH64_X0,
@@ -124,9 +124,11 @@ def frame_step(
     code: MemoryReader | None,
     word: int,
     at_entry: bool,
-) -> tuple[Registers, bool]:
+) -> tuple[Registers, Progress]:
     """One frame record up (x29's chain); a leaf whose record is not set up (or is
-    popped) returns to LR, with the stack it has."""
+    popped) returns to LR, with the stack it has. From the kernel's stack to the lower
+    half's: a record an exception entry stored for the interrupted code (the example
+    guest's; Linux ends its chain at an entry from EL0 instead)."""
     sp, fp = regs[STACK_POINTER], regs[FRAME_POINTER]
     if sp is None or fp is None:
         raise StopUnwind(StopReason.NO_UNWIND_INFO)
@@ -138,11 +140,15 @@ def frame_step(
         if regs[AARCH64_LR] is None:
             raise StopUnwind(StopReason.NO_UNWIND_INFO)
         caller[PC] = regs[AARCH64_LR]
-        return caller, True
+        return caller, Progress.UP_OR_SAME
     record = sp if where is False else fp
     if where is None and (fp == 0 or fp % 8):
         raise StopUnwind(StopReason.END_OF_STACK if fp == 0 else StopReason.BAD_FRAME)
-    if where is None and fp < sp:
+    # The record an exception entry stored gave the interrupted pc, not its sp: the
+    # kernel's stack pointer is still carried while x29 already points at user stack.
+    # Not at the leaf: a vCPU at an exception vector has stored no record yet.
+    crossing = not leaf and fp < KERNEL_HALF <= sp
+    if where is None and fp < sp and not crossing:
         raise StopUnwind(StopReason.NO_PROGRESS)
     try:
         caller[FRAME_POINTER] = memory.read_u64(record)
@@ -150,7 +156,7 @@ def frame_step(
     except MemoryFault as fault:
         raise StopUnwind(StopReason.FAULT, fault.address) from fault
     caller[STACK_POINTER] = record + 16
-    return caller, False
+    return caller, Progress.OTHER_STACK if crossing else Progress.UP
 
 
 AARCH64 = Isa(

@@ -4,11 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Protocol
 
 from qmpprof.memory import MemoryReader
 
 Registers = list[int | None]
+
+
+class Progress(Enum):
+    """Where a frame-pointer step's caller may lie, against its callee's stack."""
+
+    #: Above it (a call pushed, or a frame lies between them).
+    UP = "up"
+    #: There or above: a leaf whose caller is still in a register.
+    UP_OR_SAME = "up-or-same"
+    #: On another stack: a frame record an exception entry stored, linking the handler's
+    #: stack to the interrupted code's.
+    OTHER_STACK = "other-stack"
 
 
 class FrameStep(Protocol):
@@ -20,10 +33,9 @@ class FrameStep(Protocol):
         code: MemoryReader | None,
         word: int,
         at_entry: bool,
-    ) -> tuple[Registers, bool]:
-        """The caller's registers by the frame-pointer convention, and whether its
-        stack may lie where the callee's does (a leaf whose caller is in a register).
-        Raises StopUnwind."""
+    ) -> tuple[Registers, Progress]:
+        """The caller's registers by the frame-pointer convention, and where its stack
+        may lie. Raises StopUnwind."""
         ...
 
 

@@ -7,7 +7,7 @@ share x86-64's register names; i386 CFI is renumbered into them (unwind/numberin
 from __future__ import annotations
 
 from qmpprof.errors import MemoryFault
-from qmpprof.isa.base import Isa, Registers
+from qmpprof.isa.base import Isa, Progress, Registers
 from qmpprof.memory import MemoryReader
 from qmpprof.model import StopReason
 from qmpprof.unwind.callsite import follows_call
@@ -52,7 +52,7 @@ def frame_step(
     code: MemoryReader | None,
     word: int,
     at_entry: bool,
-) -> tuple[Registers, bool]:
+) -> tuple[Registers, Progress]:
     """The RBP chain's step (framepointer.py); a leaf not framed yet (or any more) is
     recognised by its code bytes, or is at its function's entry (`at_entry`)."""
     rsp, rbp = regs[STACK_POINTER], regs[FRAME_POINTER]
@@ -73,7 +73,7 @@ def frame_step(
     caller[PC], caller[STACK_POINTER], caller[FRAME_POINTER] = caller_pc, caller_rsp, caller_rbp
     for register in _KEPT_64 if word == 8 else _KEPT_32:
         caller[register] = regs[register]
-    return caller, False
+    return caller, Progress.UP
 
 
 X86_64 = Isa(

@@ -29,6 +29,10 @@ class AddressSpaceIdentifier:
         """The name of the binary mapped in this vCPU's address space, or None."""
         if not self._candidates:
             return None
+        if registers.isa != "x86_64" and not registers.cr3:
+            # No page-table root in the dump (AArch64's TTBR0 is not there): no key to
+            # remember a match by, each sample's text is compared again.
+            return await self._match(registers.vcpu)
         cr3 = registers.cr3 & ~0xFFF
         cached = self._cache.get(cr3)
         if cached is not None and not self._stale(cached, registers):

@@ -22,7 +22,7 @@ from typing import Protocol
 
 from qmpprof.defaults import DEFAULT_MAX_DEPTH
 from qmpprof.errors import MemoryFault, UnsupportedExpression
-from qmpprof.isa.base import Isa
+from qmpprof.isa.base import Isa, Progress
 from qmpprof.isa.registry import isa_of_registers
 from qmpprof.isa.x86 import X86_64
 from qmpprof.memory import MemoryReader, read_word
@@ -282,8 +282,9 @@ def _fp_step(
     at_entry: bool,
     isa: Isa,
 ) -> list[int | None]:
-    caller, same_stack = isa.frame_step(regs, leaf, memory, code, word, at_entry)
-    _check_progress(regs, caller, False, same_stack)
+    caller, progress = isa.frame_step(regs, leaf, memory, code, word, at_entry)
+    other_stack = progress is Progress.OTHER_STACK
+    _check_progress(regs, caller, other_stack, progress is Progress.UP_OR_SAME)
     return caller
 
 

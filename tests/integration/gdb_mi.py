@@ -64,18 +64,26 @@ def agree(gdb: list[GdbFrame], ours: Frames) -> bool:
     return all(
         f.function == name
         for f, (_, name) in zip(gdb, ours, strict=True)
-        if f.function != SIGNAL_FRAME
+        if f.function not in (SIGNAL_FRAME, None)
     )
 
 
 class GdbMi:
     """GDB in MI mode, attached to a gdbstub; every read has a timeout."""
 
-    def __init__(self, elf: Path, gdb_socket: str, timeout: float = 30.0, offset: int = 0) -> None:
-        """`offset`: where `elf` runs less where it is linked (a kernel's KASLR slide)."""
+    def __init__(
+        self,
+        elf: Path,
+        gdb_socket: str,
+        timeout: float = 30.0,
+        offset: int = 0,
+        architecture: str | None = None,
+    ) -> None:
+        """`offset`: where `elf` runs less where it is linked (a kernel's KASLR slide).
+        `architecture`: another than the host's (gdb-multiarch, `set architecture`)."""
         self.timeout = timeout
         self._process = subprocess.Popen(
-            ["gdb", "--interpreter=mi3", "-nx", "-q"],
+            ["gdb-multiarch" if architecture else "gdb", "--interpreter=mi3", "-nx", "-q"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -90,6 +98,8 @@ class GdbMi:
         # index, by build-id, for the next session and the next run (1 s then).
         self.command(f"-gdb-set index-cache directory {INDEX_CACHE}")
         self.command("-gdb-set index-cache enabled on")
+        if architecture:
+            self.command(f"-gdb-set architecture {architecture}")
         if offset:
             self.command(f"-file-exec-file {elf}")
             self.console(f"symbol-file -o {offset:#x} {elf}")

@@ -67,10 +67,20 @@ mmu_setup:
     adrp x0, kernel_l0
     msr ttbr0_el1, x0
     msr ttbr1_el1, x0
+    /* The key registers exist only where the CPU has pointer authentication
+     * (ID_AA64ISAR1_EL1.APA/API, ID_AA64ISAR2_EL1.APA3): -cpu max,pauth=off has
+     * none, and there PACIASP/AUTIASP are NOPs. */
+    mrs x0, id_aa64isar1_el1
+    ubfx x0, x0, #4, #8
+    mrs x1, S3_0_C0_C6_2                /* ID_AA64ISAR2_EL1 */
+    ubfx x1, x1, #12, #4
+    orr x0, x0, x1
+    cbz x0, 3f
     ldr x0, =APIAKEY_LO
     msr S3_0_C2_C1_0, x0                /* APIAKeyLo_EL1 */
     ldr x0, =APIAKEY_HI
     msr S3_0_C2_C1_1, x0                /* APIAKeyHi_EL1 */
+3:
     mov x0, #2                          /* CNTKCTL_EL1.EL0VCTEN: EL0 reads CNTVCT_EL0 */
     msr cntkctl_el1, x0
     msr cpacr_el1, xzr                  /* FP/SIMD trapped: nothing uses it */
