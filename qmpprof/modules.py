@@ -142,7 +142,8 @@ def _symbol_table(
         with open_elf(debug) as debug_elf:
             debug_key = file_key(debug_elf)
         key = key if debug_key is not None else None  # nothing names that debug file
-    kind = kind_for("symbol-table", None if debug_key is None else [debug_key.directory])
+    # v2: Arm's mapping symbols ($x, $d) left out
+    kind = kind_for("symbol-table-v2", None if debug_key is None else [debug_key.directory])
 
     def read() -> tuple[SymbolTable, Path | None]:
         symbols, used = read_code_symbols(elf), None

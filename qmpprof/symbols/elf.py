@@ -6,6 +6,7 @@ import bisect
 import contextlib
 import gc
 import itertools
+import re
 import struct
 import sys
 from array import array
@@ -23,6 +24,9 @@ from qmpprof.symbols.elf_file import open_elf
 _T = TypeVar("_T")
 _STT_NOTYPE, _STT_OBJECT, _STT_FUNC = 0, 1, 2
 _CODE_TYPES = frozenset({_STT_NOTYPE, _STT_FUNC})
+#: Arm's mapping symbols ($x: A64 code from here, $d: data, $a and $t: A32 and T32, each
+#: maybe with a suffix, "$x.12"): they mark what the bytes are, they name no function.
+_MAPPING_SYMBOL = re.compile(r"\$[adtx](?:\..*)?", re.DOTALL)
 _SHF_EXECINSTR = 0x4
 #: Section indexes from here up are special (absolute, common, ...), not sections.
 _SHN_LORESERVE = 0xFF00
@@ -272,7 +276,8 @@ def _code_symbols(elf: ELFFile) -> list[Symbol]:
     symbols = []
     for name_offset, info, section, value, size in entries:
         is_code = info & 0xF in _CODE_TYPES and section in section_ends
-        if is_code and (name := entries.name(name_offset)):
+        name = entries.name(name_offset) if is_code else ""
+        if name and not _MAPPING_SYMBOL.fullmatch(name):
             whole = size or max(section_ends[section] - value, 0)
             symbols.append(Symbol(name, value, whole, label=not size))
     return symbols

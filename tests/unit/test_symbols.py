@@ -272,3 +272,17 @@ def _gdb_info_symbol(elf: Path, address: int) -> str:
         check=True,
     )
     return done.stdout.split(" in section")[0].strip()
+
+
+def test_arm_mapping_symbols_name_no_function(tmp_path: Path) -> None:
+    """An AArch64 file's `$x` and `$d` (Arm's mapping symbols: code or data from here)
+    are no functions: every address of each function nm lists is named by it."""
+    elf = build_elf("cfi_chain.c", tmp_path, "-O2", "-g", "-static", cc="aarch64-linux-gnu-gcc")
+    listed = subprocess.run(["nm", str(elf)], capture_output=True, text=True, check=True).stdout
+    assert " $x" in listed and " $d" in listed  # what is left out is there
+    table = load_symbols(elf)
+    assert not [symbol.name for symbol in table if symbol.name.startswith("$")]
+    for name, (address, size) in nm_functions(elf).items():
+        for at in {address, address + size // 2, address + max(size, 1) - 1}:
+            found = table.lookup(at)
+            assert found is not None and found[0].address == address, (name, hex(at), found)
