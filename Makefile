@@ -8,13 +8,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 #: What `make demo` needs (QEMU, a C toolchain: gcc -static for the Linux guest's programs,
 #: a venv), the commands that tell they are there; the tests need the rest as well.
-DEMO_APT_PACKAGES := qemu-system-x86 gcc libc6-dev make binutils python3-venv
-DEMO_TOOLS := qemu-system-x86_64 gcc make ld readelf
-APT_PACKAGES := $(DEMO_APT_PACKAGES) gdb tmux dwarves debuginfod libarchive-tools linux-perf libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-clients-qemu libvirt-daemon-system libvirt-daemon-system-sysv python3-libvirt memtest86+ qemu-system-arm gdb-multiarch gcc-aarch64-linux-gnu libc6-dev-arm64-cross
-#: A path stands for a package that installs no command (memtest86+: a real bare-metal
-#: guest with no symbols for the tests; libvirt-daemon-system-sysv: a system-mode libvirtd,
+DEMO_APT_PACKAGES := qemu-system-x86 gcc libc6-dev make binutils python3-venv $(if $(filter aarch64,$(ARCH)),qemu-system-arm gcc-aarch64-linux-gnu)
+DEMO_TOOLS := qemu-system-x86_64 gcc make ld readelf $(if $(filter aarch64,$(ARCH)),qemu-system-aarch64 aarch64-linux-gnu-gcc)
+APT_PACKAGES := $(DEMO_APT_PACKAGES) gdb tmux dwarves debuginfod libarchive-tools linux-perf libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-clients-qemu libvirt-daemon-system libvirt-daemon-system-sysv python3-libvirt memtest86+ qemu-system-arm gdb-multiarch gcc-aarch64-linux-gnu libc6-dev-arm64-cross u-boot-qemu
+#: A path stands for a package that installs no command (memtest86+ and u-boot-qemu: real
+#: bare-metal programs with no symbols for the tests, x86 and AArch64; libvirt-daemon-system-sysv: a system-mode libvirtd,
 #: its libvirt-qemu user, without systemd as init; python3-libvirt: what --libvirt uses).
-TOOLS := $(DEMO_TOOLS) gdb tmux pahole debuginfod bsdtar perf libvirtd virtlogd virsh virt-qemu-qmp-proxy /etc/init.d/libvirtd /usr/lib/python3/dist-packages/libvirt.py /boot/memtest86+x64.bin qemu-system-aarch64 gdb-multiarch aarch64-linux-gnu-gcc
+TOOLS := $(DEMO_TOOLS) gdb tmux pahole debuginfod bsdtar perf libvirtd virtlogd virsh virt-qemu-qmp-proxy /etc/init.d/libvirtd /usr/lib/python3/dist-packages/libvirt.py /boot/memtest86+x64.bin qemu-system-aarch64 gdb-multiarch aarch64-linux-gnu-gcc /usr/lib/u-boot/qemu_arm64/u-boot.bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: help demo test unit integration fuzz mutants bench kaslr-bench serve-soak lint format deps demo-deps system-deps demo-system-deps guest guest-aarch64 linux-guest linux-oracle i386-oracle aarch64-oracle consumers clean
@@ -22,7 +22,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-demo: demo-deps $(if $(filter linux,$(GUEST)),,guest)  ## boot the example guest (ARCH=i386: its 32-bit build; GUEST=linux: Debian's kernel, ~75 MB fetched once), profile it 10 s, write demo/, print the hottest stacks
+demo: demo-deps $(if $(filter linux,$(GUEST)),,$(if $(filter aarch64,$(ARCH)),guest-aarch64,guest))  ## boot the example guest (ARCH=i386: its 32-bit build, ARCH=aarch64 its AArch64 one; GUEST=linux: Debian's kernel, ~75 MB fetched once), profile it 10 s, write demo/, print the hottest stacks
 	@PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/demo.sh
 
 test: deps guest guest-aarch64 linux-guest consumers  ## run every test (unit, consumers, integration against a real QEMU)

@@ -9,7 +9,8 @@
 # fetches no debug file either (boot.sh --demo): the kernel's image and libc6, ~75 MB
 # once into ~/.cache/qmpprof ($QMPPROF_CACHE), not the tests' -dbg packages.
 # ARCH=i386 boots the 32-bit build of the example guest instead (protected mode, PAGING=2level
-# or pae) with its processes on two vCPUs (WORKLOAD=user unless given).
+# or pae) with its processes on two vCPUs (WORKLOAD=user unless given); ARCH=aarch64 its
+# AArch64 build (qemu-system-aarch64 -M virt, signed return addresses), likewise.
 # DURATION (seconds, 10) and DEMO_OUT (the output directory, demo) change the defaults.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,7 @@ DURATION=${DURATION:-10}
 ACCEL=${ACCEL:-auto}
 ARCH=${ARCH:-x86_64}
 PAGING=${PAGING:-2level}
-if [[ $ARCH == i386 ]]; then WORKLOAD=${WORKLOAD:-user}; else WORKLOAD=${WORKLOAD:-kernel}; fi
+if [[ $ARCH == x86_64 ]]; then WORKLOAD=${WORKLOAD:-kernel}; else WORKLOAD=${WORKLOAD:-user}; fi
 GUEST=${GUEST:-example}
 out=${DEMO_OUT:-demo}
 mkdir -p "$out"
@@ -60,6 +61,7 @@ boot=(--qmp "$out/qmp.sock" --serial "$out/serial.log" --accel "$ACCEL" --worklo
       --memory-backend "$ram")
 [[ $WORKLOAD == user ]] && boot+=(--smp 2)
 [[ $ARCH == i386 ]] && boot+=(--arch i386 --paging "$PAGING")
+[[ $ARCH == aarch64 ]] && boot+=(--arch aarch64)
 trap 'rm -f "$ram"' EXIT
 echo "booting the example guest (arch=$ARCH, accel=$ACCEL, workload=$WORKLOAD)..."
 declare -A guest
