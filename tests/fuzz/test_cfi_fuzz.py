@@ -40,7 +40,8 @@ STACK = 0x7FFF_0000
 #: too_slow again: this list replaces the profile's (tests/conftest.py).
 FIXTURES = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 MEMORY = WindowMemory([MemoryWindow(STACK, bytes(range(256)) * 4)])
-ARCHITECTURES = ["x86-64", "i386"]
+ARCHITECTURES = ["x86-64", "i386", "aarch64"]
+AARCH64_GCC = "aarch64-linux-gnu-gcc"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +87,14 @@ def sections(
         every = build_i386("i386/cfi_instructions.S", out, "-DBOTH_SECTIONS")
         chain = build_chain("O2-omit-fp", out)
         debug_only = build_chain("O2-omit-fp-debug-frame-only", out)
+    elif request.param == "aarch64":  # signed return addresses, Debian's arm64 libc
+        flags = ("-O2", "-g", "-static", "-mbranch-protection=standard")
+        every = build_elf("cfi_chain.c", out, *flags, cc=AARCH64_GCC)
+        chain = build_elf(
+            "cfi_chain.c", out, "-O1", "-g", "-fno-omit-frame-pointer", cc=AARCH64_GCC
+        )
+        no_eh = ("-fno-asynchronous-unwind-tables", "-fno-unwind-tables")  # arm64's default
+        debug_only = build_elf("cfi_chain.c", out, "-O2", "-g", *no_eh, cc=AARCH64_GCC)
     else:
         every = build_elf("cfi_instructions.S", out, "-nostdlib", "-static", "-DBOTH_SECTIONS")
         chain = build_elf("cfi_chain.c", out, "-O2", "-g")
@@ -96,7 +105,7 @@ def sections(
     return found
 
 
-def use_everything(table: CfiTable, addresses: list[int], word: int = 8) -> None:
+def use_everything(table: CfiTable, addresses: list[int], word: int = 8, isa: Isa = X86_64) -> None:
     """Look up every address and unwind from it (all of which must not raise)."""
     table.uncompiled().summary()
     for address in addresses:
@@ -104,7 +113,7 @@ def use_everything(table: CfiTable, addresses: list[int], word: int = 8) -> None
         table.row_for(address + 1)
         regs: list[int | None] = [STACK + 64] * REGISTER_COUNT
         regs[RIP], regs[RSP] = address + 1, STACK
-        result = unwind(regs, MEMORY, table, Strategy.CFI, word=word)
+        result = unwind(regs, MEMORY, table, Strategy.CFI, word=word, isa=isa)
         assert isinstance(result.stop, StopReason)
         if word == 4:
             assert all(frame.address < 1 << 32 for frame in result.frames)
@@ -116,7 +125,7 @@ def use_everything(table: CfiTable, addresses: list[int], word: int = 8) -> None
 def test_truncated_sections(sections: list[Section], which: int, cut: float) -> None:
     section = sections[which % len(sections)]
     table = section.table(section.data[: int(len(section.data) * cut)])
-    use_everything(table, section.starts, section.word)
+    use_everything(table, section.starts, section.word, section.isa)
 
 
 @settings(max_examples=cases(150), deadline=None, suppress_health_check=FIXTURES)
@@ -132,7 +141,7 @@ def test_corrupted_sections(
     mutated = bytearray(section.data)
     for where, value in flips:
         mutated[min(int(where * len(mutated)), len(mutated) - 1)] = value
-    use_everything(section.table(bytes(mutated)), section.starts, section.word)
+    use_everything(section.table(bytes(mutated)), section.starts, section.word, section.isa)
 
 
 def a_real_fde(sections: list[Section]) -> FdeEntry:
@@ -196,14 +205,17 @@ def static_elf(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     out = tmp_path_factory.mktemp("fuzz")
     if request.param == "i386":
         return build_chain("O2-omit-fp", out)
+    if request.param == "aarch64":
+        flags = ("-O2", "-g", "-static", "-mbranch-protection=standard")
+        return build_elf("cfi_chain.c", out, *flags, cc=AARCH64_GCC)
     return build_elf("cfi_chain.c", out, "-O2", "-g", "-static")
 
 
 @pytest.fixture(scope="module")
-def static_table(static_elf: Path) -> tuple[CfiTable, list[int], int]:
-    """The file's table, where its .eh_frame's FDEs start, and its word."""
+def static_table(static_elf: Path) -> tuple[CfiTable, list[int], Isa]:
+    """The file's table, where its .eh_frame's FDEs start, and its instruction set."""
     (section,) = (s for s in sections_of(static_elf) if s.name == ".eh_frame")
-    return load_cfi(static_elf), section.starts, section.word
+    return load_cfi(static_elf), section.starts, section.isa
 
 
 @settings(max_examples=cases(200), deadline=None, suppress_health_check=FIXTURES)
@@ -217,13 +229,13 @@ def static_table(static_elf: Path) -> tuple[CfiTable, list[int], int]:
 )
 @counted
 def test_random_stacks_with_real_cfi(
-    static_table: tuple[CfiTable, list[int], int], stack: bytes, pc_index: int, depth: int
+    static_table: tuple[CfiTable, list[int], Isa], stack: bytes, pc_index: int, depth: int
 ) -> None:
-    table, starts, word = static_table
+    table, starts, isa = static_table
     regs: list[int | None] = [STACK + 64] * REGISTER_COUNT
     regs[RIP] = starts[pc_index % len(starts)] + 1
     regs[RSP] = STACK
     memory = WindowMemory([MemoryWindow(STACK, stack)])
-    result = unwind(regs, memory, table, Strategy.AUTO, max_depth=depth, word=word)
+    result = unwind(regs, memory, table, Strategy.AUTO, max_depth=depth, word=isa.word, isa=isa)
     assert 1 <= len(result.frames) <= depth
     assert isinstance(result.stop, StopReason)

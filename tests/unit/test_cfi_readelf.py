@@ -404,7 +404,7 @@ AARCH64_GCC = "aarch64-linux-gnu-gcc"
     [
         ("-O2", "-mbranch-protection=standard"),
         ("-O1", "-fno-omit-frame-pointer", "-mbranch-protection=pac-ret+leaf"),
-        ("-O2", "-fno-asynchronous-unwind-tables"),
+        ("-O2", "-fno-asynchronous-unwind-tables", "-fno-unwind-tables"),
     ],
     ids=["signed-returns", "frame-records-signed-leaves", "debug-frame-only"],
 )
