@@ -51,6 +51,29 @@ class MemoryBackend(Protocol):
     async def close(self) -> None: ...
 
 
+class KernelReader:
+    """Which vCPU QEMU reads a kernel address through. QEMU's debug reads check the
+    vCPU's own permissions: one at AArch64's EL0 cannot read the kernel's half, which
+    every vCPU at EL1 maps alike (TTBR1), so such a read goes through one of those."""
+
+    def __init__(self) -> None:
+        self._user: frozenset[int] = frozenset()
+        self._kernel: int | None = None
+
+    def set_registers(self, registers: Sequence[RegisterSet]) -> None:
+        aarch64 = [r for r in registers if r.isa == "aarch64"]
+        self._user = frozenset(r.vcpu for r in aarch64 if r.cpl == 0)
+        self._kernel = next((r.vcpu for r in aarch64 if r.cpl != 0), None)
+
+    def cpu_for(self, cpu: int, address: int) -> int:
+        if address >= _KERNEL_HALF and cpu in self._user and self._kernel is not None:
+            return self._kernel
+        return cpu
+
+
+_KERNEL_HALF = 1 << 63
+
+
 class HmpMemory:
     """Guest memory through HMP `x`: text, but available everywhere."""
 
@@ -59,11 +82,13 @@ class HmpMemory:
 
     def __init__(self, session: QmpSession) -> None:
         self._session = session
+        self._kernel_reader = KernelReader()
 
     def set_registers(self, registers: Sequence[RegisterSet]) -> None:
-        pass  # QEMU translates with each vCPU's own page tables
+        self._kernel_reader.set_registers(registers)  # QEMU translates for each vCPU
 
     async def read_window(self, cpu: int, address: int, size: int) -> bytes:
+        cpu = self._kernel_reader.cpu_for(cpu, address)
         return await _in_chunks(self._read, cpu, address, _clamp(address, size), HMP_CHUNK)
 
     async def _read(self, cpu: int, address: int, size: int) -> bytes:
@@ -94,11 +119,13 @@ class MemsaveMemory:
         directory = "/dev/shm" if os.path.isdir("/dev/shm") else None
         handle, self.path = tempfile.mkstemp(prefix="qmpprof-", suffix=".mem", dir=directory)
         os.close(handle)
+        self._kernel_reader = KernelReader()
 
     def set_registers(self, registers: Sequence[RegisterSet]) -> None:
-        pass  # QEMU translates with each vCPU's own page tables
+        self._kernel_reader.set_registers(registers)  # QEMU translates for each vCPU
 
     async def read_window(self, cpu: int, address: int, size: int) -> bytes:
+        cpu = self._kernel_reader.cpu_for(cpu, address)
         return await _in_chunks(self._read, cpu, address, _clamp(address, size), MEMSAVE_CHUNK)
 
     async def _read(self, cpu: int, address: int, size: int) -> bytes:

@@ -6,7 +6,8 @@ the class GDB gives it, and leave the VM paused.
 The classes come from the gdbstub, with none of qmpprof's code: idle where GDB's thread
 list says the vCPU is halted, else kernel at EL1 and user at EL0 (CPSR's M[3:2]); the
 program a vCPU runs is the process whose page-table root (`struct process` cr3) is the
-vCPU's TTBR0_EL1.
+vCPU's TTBR0_EL1, and a user sample's process label (read through a vCPU at EL1: QEMU
+does not let one at EL0 read the kernel's memory) must name that program.
 
 User code signs its return addresses. QEMU 7.2 does not tell GDB the CPU has pointer
 authentication, so GDB cannot strip them and stops at the first signed one: there its
@@ -156,7 +157,7 @@ def run_pauses(
     rng = seeded(name)
     tallies = {mode: Tally(mode) for mode in ("user", "kernel", "idle")}
     programs: dict[int, str] = {}
-    cut = woken = 0
+    cut = woken = labelled = 0
     for _ in range(pauses):
         pause_randomly(gdb, rng)
         programs = programs or program_names(gdb, guest)
@@ -173,6 +174,10 @@ def run_pauses(
                 cut += len(ours) > len(expected)
                 ours = ours[: len(expected)]
             judged.append((number, program, expected, ours, str(vcpu["mode"])))
+            label = vcpu["process"]["name"] if isinstance(vcpu.get("process"), dict) else None
+            if vcpu["mode"] == "user" and label is not None:
+                labelled += 1
+                assert label == program, f"vCPU {number} runs {program}, labelled {label}"
         # After the backtraces: GDB's thread list unwinds each thread's leaf with the
         # symbols loaded then, and would keep that frame for the backtrace.
         halted = halted_vcpus(gdb)
@@ -187,6 +192,7 @@ def run_pauses(
         print(tally.report(f"{name}, {mode} samples"))
     print(f"{name}: {cut} samples judged up to the signed return address where GDB stopped")
     print(f"{name}: {woken} vCPUs woken, still at the instruction after their WFI")
+    print(f"{name}: {labelled} user samples labelled with their process, each rightly")
     return tallies
 
 
