@@ -168,7 +168,9 @@ async def _capturing(
     try:
         await claim(session, notice)
         await check_cpus(session, options.cpus)
-        memory = await open_memory(session, options.memory, options.mem_path, notice)
+        memory = await open_memory(
+            session, options.memory, options.mem_path, notice, analyzer.adapter.gives_user_roots
+        )
         if described is not None:
             notice(f"{described}; memory backend: {describe_memory(memory)}")
         config = CaptureConfig(options.stack_bytes, options.cpus, options.unwind_paused)

@@ -22,6 +22,8 @@ UserRegisters = list[int | None] | None
 
 class OsAdapter(Protocol):
     name: str
+    #: Whether `user_root` can answer (where the register dump lacks the root).
+    gives_user_roots: bool
 
     def process(self, registers: RegisterSet, memory: MemoryReader) -> Process | None:
         """The process running on this vCPU. Raises MemoryFault for memory it needs."""
@@ -44,11 +46,18 @@ class OsAdapter(Protocol):
         when it does not or cannot tell. Raises MemoryFault."""
         ...
 
+    def user_root(self, registers: RegisterSet, memory: MemoryReader) -> int | None:
+        """The page-table root of the running task's user half, where the register dump
+        lacks it (AArch64's TTBR0_EL1: its value, ASID included); None where the OS
+        does not say. Raises MemoryFault."""
+        ...
+
 
 class GenericAdapter:
     """Knows no OS: samples are labelled by address space (CR3) only."""
 
     name = "generic"
+    gives_user_roots = False
 
     def process(self, registers: RegisterSet, memory: MemoryReader) -> Process | None:
         return None
@@ -60,6 +69,9 @@ class GenericAdapter:
         return None
 
     def kernel_stack(self, registers: RegisterSet, memory: MemoryReader) -> tuple[int, int] | None:
+        return None
+
+    def user_root(self, registers: RegisterSet, memory: MemoryReader) -> int | None:
         return None
 
 

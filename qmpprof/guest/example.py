@@ -16,13 +16,23 @@ class ExampleGuestAdapter:
     name = "example-guest"
 
     def __init__(
-        self, cpu_current: int, pid_offset: int, name_offset: int, name_size: int, word: int = 8
+        self,
+        cpu_current: int,
+        pid_offset: int,
+        name_offset: int,
+        name_size: int,
+        word: int = 8,
+        root_offset: int | None = None,
     ):
         self.cpu_current = cpu_current
         self.fields = task_fields(pid_offset, name_offset, name_size)
         self.bias = 0
         #: The size of a pointer in cpu_current[]: 8 in the 64-bit build, 4 in the i386 one.
         self.word = word
+        #: Where struct process keeps its page-table root (`cr3`: the AArch64 build's
+        #: TTBR0_EL1 value), if it has one.
+        self.root_offset = root_offset
+        self.gives_user_roots = root_offset is not None
 
     probe_symbols = frozenset({"cpu_current"})
 
@@ -50,14 +60,26 @@ class ExampleGuestAdapter:
         if address is None or "pid" not in members or "name" not in members:
             return None
         name_size = members["name"].size or 16
-        return cls(address, members["pid"].offset, members["name"].offset, name_size, word)
+        root = members["cr3"].offset if "cr3" in members else None
+        pid, name = members["pid"].offset, members["name"].offset
+        return cls(address, pid, name, name_size, word, root)
 
     def process(self, registers: RegisterSet, memory: MemoryReader) -> Process | None:
-        slot = self.cpu_current + self.bias + self.word * registers.vcpu
-        pointer = read_word(memory, slot, self.word)
+        pointer = self._current(registers, memory)
         if pointer == 0:
             return KERNEL_ONLY
         return self.fields.read(memory, pointer)
+
+    def _current(self, registers: RegisterSet, memory: MemoryReader) -> int:
+        slot = self.cpu_current + self.bias + self.word * registers.vcpu
+        return read_word(memory, slot, self.word)
+
+    def user_root(self, registers: RegisterSet, memory: MemoryReader) -> int | None:
+        """The running process's `cr3` (its TTBR0_EL1); None with none running."""
+        pointer = self._current(registers, memory)
+        if pointer == 0 or self.root_offset is None:
+            return None
+        return read_word(memory, pointer + self.root_offset, 8)
 
     def relocate(self, bias: int) -> None:
         self.bias = bias

@@ -213,8 +213,27 @@ class Capturer:
         if then is not None and not self._memory.through_monitor:
             self._session.prime(then)
         self._memory.set_registers(registers)
+        registers = self._with_user_roots(registers)
         cpus = self._config.cpus
         return [await self._halt_read(regs) for regs in registers if not cpus or regs.vcpu in cpus]
+
+    def _with_user_roots(self, registers: list[RegisterSet]) -> list[RegisterSet]:
+        """AArch64 vCPUs read directly get their user half's page-table root (TTBR0_EL1,
+        as `cr3`) from the OS adapter, which reads it in the kernel's half; the others
+        are as they were. A vCPU whose root is not found has no lower half to read."""
+        memory = self._memory
+        if not isinstance(memory, DirectMemory) or all(r.isa != "aarch64" for r in registers):
+            return registers
+        adapter = self._analyzer.adapter
+        rooted = []
+        for regs in registers:
+            root = None
+            if regs.isa == "aarch64":
+                with contextlib.suppress(MemoryFault):
+                    root = adapter.user_root(regs, memory.reader(regs.vcpu))
+            rooted.append(replace(regs, cr3=root) if root else regs)
+        memory.set_registers(rooted)
+        return rooted
 
     async def _halt_read(self, regs: RegisterSet) -> RegisterSet:
         """`regs`, halted where an AArch64 vCPU waits for an interrupt (aarch64.waits_after:

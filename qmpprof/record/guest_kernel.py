@@ -11,25 +11,17 @@ check ends here with one line for the user, and qmpprof goes on as without a ker
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import os
 from collections.abc import Callable
-from pathlib import Path
 
-from qmpprof.errors import BadGuestKernel, DirectMemoryUnavailable, KernelMismatch, MemoryFault
+from qmpprof.errors import BadGuestKernel, KernelMismatch, MemoryFault
 from qmpprof.guest.linux import vmcoreinfo
 from qmpprof.guest.linux.from_memory import GuestKernel, read_guest_kernel
 from qmpprof.modules import Module
-from qmpprof.symbols.derived import cache_root
-from qmpprof.target.direct import DirectMemory, qemu_pid
+from qmpprof.target.direct import DirectMemory
 from qmpprof.target.memory import MemoryBackend
 from qmpprof.target.qmp import QmpSession
+from qmpprof.target.remembered import Remembered
 from qmpprof.visible import visible
-
-#: How many QEMU processes' VMCOREINFO pages are remembered (the least recently
-#: written go first): one small file each, and QEMU processes come and go.
-MAX_REMEMBERED = 64
 
 #: What to pass when the kernel cannot be read from memory.
 ADVICE = "kernel frames stay unnamed; --kernel VMLINUX names them"
@@ -55,7 +47,7 @@ def guest_vmcoreinfo(session: QmpSession, memory: DirectMemory) -> vmcoreinfo.Vm
     """The guest's checked VMCOREINFO, its place remembered. Raises BadGuestKernel."""
     physical = memory.physical
     ranges = [(segment.start, segment.end) for segment in physical.segments]
-    remembered = _Remembered.of(session)
+    remembered = Remembered.of(session, "vmcoreinfo")
     page, info = vmcoreinfo.find(physical.read_physical, ranges, remembered.page())
     remembered.keep(page)
     return info
@@ -76,53 +68,3 @@ def check_build_id(session: QmpSession, memory: MemoryBackend, kernel: Module) -
             f"{kernel.build_id.hex()}, the guest runs {visible(info.release)}, build-id "
             f"{info.build_id.hex()} (its VMCOREINFO)"
         )
-
-
-class _Remembered:
-    """Where VMCOREINFO was in one QEMU process's RAM: a file in the derived cache's
-    directory named after the process (pid and start time, so a new QEMU with a reused
-    pid is another), holding the page's physical address."""
-
-    def __init__(self, path: Path | None) -> None:
-        self._path = path
-
-    @classmethod
-    def of(cls, session: QmpSession) -> _Remembered:
-        root = cache_root()
-        try:
-            pid = qemu_pid(session)
-            started = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-        except (DirectMemoryUnavailable, OSError, IndexError):
-            return cls(None)
-        if root is None:
-            return cls(None)
-        name = hashlib.sha256(f"{pid}-{started}".encode()).hexdigest()[:32]
-        return cls(root / "vmcoreinfo" / name)
-
-    def page(self) -> int | None:
-        if self._path is None:
-            return None
-        try:
-            return int(self._path.read_text()[:20], 16)
-        except (OSError, ValueError):
-            return None
-
-    def keep(self, page: int) -> None:
-        if self._path is None or self.page() == page:
-            return
-        with contextlib.suppress(OSError):
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            partial = self._path.with_suffix(f".{os.getpid()}")
-            partial.write_text(f"{page:x}\n")
-            partial.replace(self._path)
-            _forget_oldest(self._path.parent)
-
-
-def _forget_oldest(directory: Path) -> None:
-    """Keep the MAX_REMEMBERED most recently written pages. Raises OSError."""
-    remembered = sorted(
-        (path.stat().st_mtime_ns, path) for path in directory.iterdir() if "." not in path.name
-    )
-    for _, path in remembered[:-MAX_REMEMBERED]:
-        with contextlib.suppress(OSError):
-            path.unlink()

@@ -25,7 +25,13 @@ from typing import Any
 
 from qmpprof.errors import DirectMemoryUnavailable, MemoryFault, UsageError
 from qmpprof.model import RegisterSet
-from qmpprof.target.paging import PagingMode, PagingState, TableCache, VirtualMemory
+from qmpprof.target.paging import (
+    Aarch64PagingState,
+    PagingMode,
+    PagingState,
+    TableCache,
+    VirtualMemory,
+)
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.ram_layout import (
     RamBlock,
@@ -173,19 +179,28 @@ class DirectMemory:
         self.physical = physical
         self.detail = physical.detail
         self._vcpus: dict[int, VirtualMemory] = {}
+        #: An AArch64 guest's TTBR1_EL1 and TCR_EL1 (read once: target/gdbstub.py), which
+        #: its register dump lacks; its TTBR0_EL1 comes as each RegisterSet's `cr3`.
+        self.aarch64_roots: tuple[int, int] | None = None
 
     def set_registers(self, registers: Iterable[RegisterSet]) -> None:
         """Start a tick: translate with these registers, forgetting every cached
         translation (the guest ran since the last tick and may have changed its tables)."""
-        shared: dict[PagingState, VirtualMemory] = {}
+        shared: dict[PagingState | Aarch64PagingState, VirtualMemory] = {}
         tables = TableCache()
         self._vcpus = {}
         for regs in registers:
-            state = PagingState.from_registers(regs)
+            state = self._paging(regs)
             if state not in shared:  # vCPUs in one address space share one cache
-                kernel = isolated_kernel_root(state)
+                kernel = isolated_kernel_root(state) if isinstance(state, PagingState) else None
                 shared[state] = VirtualMemory(self.physical, state, tables, kernel)
             self._vcpus[regs.vcpu] = shared[state]
+
+    def _paging(self, regs: RegisterSet) -> PagingState | Aarch64PagingState:
+        if regs.isa != "aarch64":
+            return PagingState.from_registers(regs)
+        ttbr1, tcr = self.aarch64_roots or (0, 0)
+        return Aarch64PagingState(regs.cr3 or None, ttbr1, tcr)
 
     def reader(self, cpu: int) -> VirtualMemory:
         """vCPU `cpu`'s memory as a synchronous MemoryReader. Raises LookupError when

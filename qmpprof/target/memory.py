@@ -15,13 +15,19 @@ import os
 import pwd
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from qmpprof.defaults import PAGE_SIZE
-from qmpprof.errors import CommandFailed, DirectMemoryUnavailable, UsageError
+from qmpprof.errors import CommandFailed, DirectMemoryUnavailable, MemoryFault, UsageError
 from qmpprof.model import RegisterSet
+from qmpprof.target.paging import Aarch64PagingState, UnsupportedPaging
 from qmpprof.target.qmp import QmpSession
+from qmpprof.target.registers import parse_all
+from qmpprof.target.remembered import Remembered
 from qmpprof.target.xdump import parse_hmp_words
+
+if TYPE_CHECKING:
+    from qmpprof.target.direct import DirectMemory
 
 #: The most one QMP command reads: a window is read in commands of at most this much,
 #: so that one command never holds QEMU's monitor for long and a tick that outlives its
@@ -172,12 +178,16 @@ async def open_memory(
     kind: str,
     mem_path: str | None = None,
     notice: Callable[[str], None] | None = None,
+    user_roots: bool = True,
 ) -> MemoryBackend:
     """The backend `kind` names. `auto` takes the fastest that works here: direct (guest
     RAM mapped from `mem_path`, or QEMU's /proc/PID/mem), else memsave if QEMU can write
     a file we can read, else hmp; `notice` is told in one line why direct was not used.
     Raises DirectMemoryUnavailable for `direct`, CommandFailed for a `memsave` that
-    QEMU cannot write where we read (another user, confined, another mount namespace)."""
+    QEMU cannot write where we read (another user, confined, another mount namespace).
+    `user_roots`: whether the OS adapter can say each vCPU's user page-table root where
+    the register dump lacks it (AArch64's TTBR0_EL1); without, such a guest is read
+    through QEMU, which translates with each vCPU's own."""
     if kind == "hmp":
         return HmpMemory(session)
     direct_problem = None
@@ -185,8 +195,11 @@ async def open_memory(
         from qmpprof.target.direct import open_direct  # mmap, sockets: only when asked
 
         try:
-            await _check_page_tables(session)
-            return await open_direct(session, mem_path)
+            roots = await _page_table_roots(session, user_roots)
+            direct = await open_direct(session, mem_path)
+            if roots is not None:
+                await _use_roots(session, direct, roots)
+            return direct
         except DirectMemoryUnavailable as err:
             if kind == "direct":
                 raise
@@ -207,17 +220,63 @@ async def open_memory(
     return HmpMemory(session)
 
 
-#: The QEMU targets (QMP query-target) whose page tables target/paging.py walks.
-_WALKED_TARGETS = ("x86_64", "i386")
+#: The QEMU targets (QMP query-target) whose register dump has the page-table roots.
+_ROOTS_IN_DUMP = ("x86_64", "i386")
 
 
-async def _check_page_tables(session: QmpSession) -> None:
-    """Raises DirectMemoryUnavailable where the guest's page tables are not walked here:
-    an AArch64 vCPU's table roots (TTBR0/TTBR1_EL1) are not in QEMU's register dump."""
+async def _page_table_roots(session: QmpSession, user_roots: bool) -> tuple[int, int] | None:
+    """What an AArch64 guest's page walks need and its register dump lacks: TTBR1_EL1
+    and TCR_EL1, one pair every vCPU shares, read from QEMU's gdbstub (target/gdbstub.py)
+    and remembered for the QEMU process; those remembered where the stub cannot be used
+    (the VM paused, a debugger attached). None for x86, whose dump has its roots. Raises
+    DirectMemoryUnavailable where they cannot be had."""
     target = await session.execute("query-target")
     arch = target.get("arch") if isinstance(target, dict) else None
-    if arch not in _WALKED_TARGETS:
+    if arch in _ROOTS_IN_DUMP:
+        return None
+    if arch != "aarch64":
         raise DirectMemoryUnavailable(f"the page tables of an {arch} guest are not walked yet")
+    if not user_roots:
+        raise DirectMemoryUnavailable("no OS adapter says each task's page tables (TTBR0_EL1)")
+    from qmpprof.target.gdbstub import read_system_registers
+
+    remembered = Remembered.of(session, "aarch64-roots")
+    try:
+        values = await read_system_registers(session, ("TTBR1_EL1", "TCR_EL1"))
+    except DirectMemoryUnavailable:
+        known = remembered.numbers()
+        if known is None or len(known) != 2:
+            raise
+        return known[0], known[1]
+    pairs = {(vcpu["TTBR1_EL1"], vcpu["TCR_EL1"]) for vcpu in values.values()}
+    if len(pairs) != 1:
+        raise DirectMemoryUnavailable("the vCPUs' kernel page tables (TTBR1_EL1) differ")
+    (roots,) = pairs
+    remembered.keep(*roots)
+    return roots
+
+
+async def _use_roots(session: QmpSession, direct: DirectMemory, roots: tuple[int, int]) -> None:
+    """`direct` walks with `roots` once they are checked: a granule and address size
+    walked here, and every vCPU in the kernel (a reboot may have moved the tables since
+    they were remembered) with its pc mapped by them. Raises DirectMemoryUnavailable."""
+    try:
+        Aarch64PagingState(None, *roots).mode  # noqa: B018 (it raises for what is not walked)
+    except UnsupportedPaging as err:
+        await direct.close()
+        raise DirectMemoryUnavailable(str(err)) from err
+    direct.aarch64_roots = roots
+    registers = parse_all(await session.hmp("info registers -a"))
+    direct.set_registers(registers)
+    for regs in registers:
+        if regs.isa == "aarch64" and regs.cpl != 0 and regs.pc >= _KERNEL_HALF:
+            try:
+                direct.reader(regs.vcpu).read(regs.pc, 4)
+            except MemoryFault as err:
+                await direct.close()
+                raise DirectMemoryUnavailable(
+                    f"TTBR1_EL1 {roots[0]:#x} does not map vCPU {regs.vcpu}'s pc"
+                ) from err
 
 
 async def _memsave_problem(session: QmpSession, backend: MemsaveMemory) -> str | None:

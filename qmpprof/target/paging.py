@@ -125,9 +125,10 @@ class PagingState:
 @dataclass(frozen=True, slots=True)
 class Aarch64PagingState:
     """The registers that decide an AArch64 vCPU's EL1&0 translation. TCR_EL1 0: not
-    known, taken as Linux's usual 4 KiB granule with 48-bit addresses in both halves."""
+    known, taken as Linux's usual 4 KiB granule with 48-bit addresses in both halves.
+    TTBR0_EL1 None: not known, and nothing of the lower half is read."""
 
-    ttbr0: int
+    ttbr0: int | None
     ttbr1: int
     tcr: int = 0
 
@@ -146,7 +147,7 @@ class Aarch64PagingState:
 
     @property
     def root(self) -> int:
-        return self.ttbr0 & _A64_TABLE_ADDRESS
+        return (self.ttbr0 or 0) & _A64_TABLE_ADDRESS
 
     @property
     def upper_root(self) -> int:
@@ -307,6 +308,8 @@ class VirtualMemory:
             self._leaf_mask = _A64_VALID | _A64_TABLE
             self._address_mask = _A64_TABLE_ADDRESS
         self._low_end, self._high_start = _address_limits(mode)
+        if isinstance(state, Aarch64PagingState) and state.ttbr0 is None:
+            self._low_end = 0  # the lower half's table is not known: all of it faults
         #: Where `upper_root` may answer: the upper half (32-bit: from 2 GiB up, where a
         #: 3G/1G or 2G/2G kernel lies).
         self._upper_start = min(self._high_start, _UPPER_HALF_32)

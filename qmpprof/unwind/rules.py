@@ -102,12 +102,13 @@ class Undefined(RegisterRule):
 
 @dataclass(frozen=True, slots=True)
 class SameValue(RegisterRule):
-    """reg = regs[reg] (the callee did not change it)."""
+    """reg = regs[reg] (the callee did not change it); unknown for a register with no
+    slot (a corrupt return column's)."""
 
     register: int
 
     def recover(self, cfa: int, regs: Registers, memory: MemoryReader) -> int | None:
-        return regs[self.register]
+        return regs[self.register] if self.register < len(regs) else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -357,7 +357,7 @@ def reference_aarch64(ram: RandomRam, state: Aarch64PagingState, address: int) -
     top = address >> 48
     if top not in (0, 0xFFFF):
         return None
-    table = (state.ttbr1 if top else state.ttbr0) & 0x0000_FFFF_FFFF_F000
+    table = (state.ttbr1 if top else state.ttbr0 or 0) & 0x0000_FFFF_FFFF_F000
     for level, shift in enumerate((39, 30, 21, 12)):
         descriptor = _entry(ram, table + (address >> shift & 0x1FF) * 8, 8)
         if descriptor is None:

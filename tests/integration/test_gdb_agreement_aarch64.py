@@ -19,15 +19,17 @@ Each configuration: QMPPROF_AARCH64_PAUSES pauses (`make aarch64-oracle` runs 15
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Guest, dump_json, running_guest
+from tests.integration.conftest import Guest, run_qmpprof, running_guest
 from tests.integration.gdb_mi import Frames, GdbFrame, GdbMi, agree
 from tests.integration.test_gdb_agreement import (
     IDLE_LOOP,
@@ -48,13 +50,30 @@ _VA_BITS = 48
 
 @contextmanager
 def aarch64_guest_under_gdb(workdir: Path, *boot_args: str) -> Iterator[tuple[Guest, GdbMi]]:
+    """The guest with GDB attached; before GDB, one `dump --memory direct` has read its
+    page-table roots from the gdbstub (then free) and remembered them for the QEMU
+    process, for the dumps made while GDB holds the stub."""
     gdb_socket = str(workdir / "gdb.sock")
     with running_guest(workdir, *AARCH64, "--gdb", gdb_socket, *boot_args) as guest:
+        dump_vcpus(guest, "--memory", "direct")
+        assert guest.status() == "running", "reading the roots left the VM paused"
         gdb = GdbMi(guest.kernel, gdb_socket, architecture="aarch64")
         try:
             yield guest, gdb
         finally:
             gdb.close()
+
+
+def dump_vcpus(guest: Guest, *extra: str) -> list[dict[str, Any]]:
+    """`qmpprof dump --json` with the session's derived cache (where the roots are kept)."""
+    done = run_qmpprof(
+        "dump", "--json", "--qmp-socket", guest.qmp, "--kernel", str(guest.kernel),
+        "--user-dir", str(guest.user_dir), *extra, cached=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "memory: memsave" not in done.stderr or "memsave" in extra, done.stderr
+    vcpus: list[dict[str, Any]] = json.loads(done.stdout)["vcpus"]
+    return vcpus
 
 
 def signed(address: int) -> bool:
@@ -162,7 +181,7 @@ def run_pauses(
         pause_randomly(gdb, rng)
         programs = programs or program_names(gdb, guest)
         judged = []
-        for vcpu in dump_json(guest, "--user-dir", str(guest.user_dir), *dump_args):
+        for vcpu in dump_vcpus(guest, *dump_args):
             number = int(str(vcpu["vcpu"]))
             root = gdb.evaluate("$TTBR0_EL1", number + 1)
             program = programs.get(int(root, 0)) if root else None
@@ -197,14 +216,26 @@ def run_pauses(
 
 
 @pytest.mark.parametrize(
-    "variant,cpu",
-    [("fp", "max"), ("nofp", "max"), ("fp", "max,pauth=off"), ("nofp", "max,pauth=off")],
-    ids=["fp-signed", "nofp-signed", "fp-unsigned", "nofp-unsigned"],
+    "variant,cpu,memory",
+    [
+        ("fp", "max", "direct"),
+        ("nofp", "max", "direct"),
+        ("fp", "max,pauth=off", "direct"),
+        ("nofp", "max,pauth=off", "direct"),
+        ("nofp", "max", "memsave"),
+    ],
+    ids=["fp-signed", "nofp-signed", "fp-unsigned", "nofp-unsigned", "nofp-signed-memsave"],
 )
-def test_aarch64_user_workload_agrees_with_gdb(variant: str, cpu: str, workdir: Path) -> None:
+def test_aarch64_user_workload_agrees_with_gdb(
+    variant: str, cpu: str, memory: str, workdir: Path
+) -> None:
+    """Guest memory read on this host (`direct`: the page tables walked with the
+    remembered TTBR1_EL1, each vCPU's TTBR0_EL1 from the guest's process table), or
+    through QEMU (`memsave`)."""
     boot = ("--variant", variant, "--cpu", cpu, "--workload", "user", "--smp", "2")
     with aarch64_guest_under_gdb(workdir, *boot) as (guest, gdb):
-        tallies = run_pauses(guest, gdb, PAUSES, f"aarch64 {variant} {cpu}")
+        name = f"aarch64 {variant} {cpu} {memory}"
+        tallies = run_pauses(guest, gdb, PAUSES, name, "--memory", memory)
     assert_every_class_agrees(tallies)
 
 

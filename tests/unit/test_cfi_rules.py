@@ -163,3 +163,11 @@ def test_i386_expressions_compute_in_32_bits() -> None:
     assert decode_expression(bytes([0x03, 0x78, 0x56, 0x34, 0x12]), 4) == (
         Op("DW_OP_addr", (0x1234_5678,)),
     )
+
+
+def test_same_value_of_a_register_with_no_slot_is_unknown() -> None:
+    """A corrupt CIE's return column (an AArch64 one's rule is "same value" until told
+    otherwise) names a register past every slot: its caller is unknown, not an error.
+    Found by test_cfi_fuzz's corrupted AArch64 sections."""
+    regs: list[int | None] = [0x1000] * r.REGISTER_COUNT
+    assert r.SameValue(r.REGISTER_COUNT + 5).recover(0, regs, WindowMemory([])) is None

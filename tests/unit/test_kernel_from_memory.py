@@ -21,8 +21,8 @@ from qmpprof.errors import BadGuestKernel, MemoryFault
 from qmpprof.guest.linux import vmcoreinfo
 from qmpprof.guest.linux.kallsyms import KallsymsTables, decode, read_tables
 from qmpprof.guest.linux.kallsyms_search import find_tables
-from qmpprof.record import guest_kernel
 from qmpprof.symbols.elf_file import open_elf
+from qmpprof.target import remembered
 from tests.linux_vm import kernel_abis, nm_symbols
 
 DATA = Path(__file__).parent / "data" / "linux"
@@ -259,15 +259,18 @@ def test_rodata_without_kallsyms_tables_is_refused_in_one_line() -> None:
 
 
 def test_remembered_vmcoreinfo_pages_stay_few(tmp_path: Path) -> None:
-    """One page remembered per QEMU process (record/guest_kernel.py): QEMU processes come
+    """One page remembered per QEMU process (target/remembered.py): QEMU processes come
     and go, so the most recently written MAX_REMEMBERED are kept and no more."""
-    made = guest_kernel.MAX_REMEMBERED + 5
+    made = remembered.MAX_REMEMBERED + 5
     for number in range(made):
-        place = guest_kernel._Remembered(tmp_path / f"{number:032x}")
+        place = remembered.Remembered(tmp_path / f"{number:032x}")
         place.keep(0x1000 * (number + 1))
         assert place.page() == 0x1000 * (number + 1)
     left = sorted(int(path.name, 16) for path in tmp_path.iterdir())
-    assert left == list(range(made - guest_kernel.MAX_REMEMBERED, made))
+    assert left == list(range(made - remembered.MAX_REMEMBERED, made))
+    pair = remembered.Remembered(tmp_path / "roots")
+    pair.keep(0x40211000, 0x12B5103510)
+    assert pair.numbers() == (0x40211000, 0x12B5103510) and pair.page() is None
 
 
 def test_ram_is_scanned_from_the_start_of_the_highest_zone() -> None:

@@ -163,6 +163,7 @@ class TaskLayout:
 
 class LinuxAdapter:
     name = "linux"
+    gives_user_roots = False  # x86: CR3 is in the register dump
     probe_symbols = _MARKERS | {"__per_cpu_offset", "cpu_current_top_of_stack", *_CURRENT}
 
     def __init__(
@@ -290,6 +291,10 @@ class LinuxAdapter:
         way to tell. Raises MemoryFault."""
         top = self._stack_top(registers, memory)
         return None if top is None else self._entry.kernel_stack(top)
+
+    def user_root(self, registers: RegisterSet, memory: MemoryReader) -> int | None:
+        """x86's is CR3, in the register dump."""
+        return None
 
     def _stack_top(self, registers: RegisterSet, memory: MemoryReader) -> int | None:
         if self.top_of_stack is None or self.per_cpu_offsets is None:
