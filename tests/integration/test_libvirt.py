@@ -85,7 +85,17 @@ def test_a_proxy_started_by_hand_needs_the_qemu_pid(libvirt: Libvirt, kernel: Pa
     )
     try:
         _wait_for_socket(socket_path, proxy)
-        dump = ("dump", "--qmp-socket", str(socket_path), "--kernel", str(kernel))
+        # The proxy greets after about 4 s, near a QMP socket's default wait of 5: what
+        # is judged here is the pid check, not the proxy's speed on a busy host.
+        dump = (
+            "dump",
+            "--qmp-socket",
+            str(socket_path),
+            "--kernel",
+            str(kernel),
+            "--connect-timeout",
+            "60",
+        )
         refused = run_qmpprof(*dump, "--memory", "direct")
         assert_one_line_error(refused, "is not the QEMU behind it")
         assert "--pid" in refused.stderr
