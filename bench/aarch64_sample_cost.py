@@ -4,9 +4,10 @@ Both guests run the user workload on two vCPUs (fp builds), booted together; the
 methods take turns in --rounds rounds (this machine's load changes by the second):
 
   floor_ms     a bare-socket loop of stop, info registers -a, cont (no memory read)
-  stop_ms      qmpprof's stop-mode tick: pause, registers, stacks, resume; x86-64 reads
-               guest RAM itself (direct), AArch64 through QEMU's memsave (its page-table
-               roots are not in the register dump: docs/guides/aarch64.md)
+  stop_ms      qmpprof's stop-mode tick: pause, registers, stacks, resume, guest RAM read
+               on this host (direct; AArch64's page-table roots from QEMU's gdbstub and
+               the guest's process table: docs/guides/aarch64.md), the OS adapter naming
+               each sample's process
   cpu_ms       this process's CPU per vCPU sample over the stop-mode ticks, analysis
                included (registers parsed, stacks unwound and named)
   paused_ms    how long each stop-mode tick kept the VM paused, by QEMU's clock
@@ -44,8 +45,11 @@ def floor_ms(guest: Guest, count: int, paused: list[float]) -> list[float]:
 async def stop_ms(
     guest: Guest, ram: Path | None, count: int, cpu: list[float], paused: list[float]
 ) -> list[float]:
-    memory = "direct" if ram is not None else "auto"
-    async with sampling_session(guest, memory, ram) as (session, analyzer, capturer):
+    async with sampling_session(guest, "direct", ram, with_adapter=True) as (
+        session,
+        analyzer,
+        capturer,
+    ):
         kept: list[tuple[CapturedSample, Sample]] = []
         started = time.process_time()
         path, _ = await ticks_ms(

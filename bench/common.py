@@ -11,6 +11,8 @@ from pathlib import Path
 
 from qmpprof.analysis import Analyzer
 from qmpprof.defaults import DEFAULT_STACK_BYTES
+from qmpprof.guest.adapter import GenericAdapter
+from qmpprof.guest.registry import choose_adapter
 from qmpprof.model import CapturedSample, RawSample, RecordStats
 from qmpprof.modules import load_module
 from qmpprof.record.capture import CaptureConfig, Capturer
@@ -37,11 +39,16 @@ async def sampling_session(
     memory: str = "direct",
     mem_path: Path | None = None,
     stack_bytes: int = DEFAULT_STACK_BYTES,
+    with_adapter: bool = False,
 ) -> AsyncIterator[tuple[QmpSession, Analyzer, Capturer]]:
-    """A QMP session, an analyzer with the guest's kernel and a capturer over them."""
+    """A QMP session, an analyzer with the guest's kernel and a capturer over them;
+    `with_adapter`: the guest's OS adapter too (names processes, and gives an AArch64
+    guest's page-table roots for direct memory)."""
     session = await QmpSession.connect(guest.qmp)
-    backend = await open_memory(session, memory, str(mem_path) if mem_path else None)
-    analyzer = Analyzer(load_module(guest.kernel))
+    adapter = choose_adapter(guest.kernel) if with_adapter else GenericAdapter()
+    path = str(mem_path) if mem_path else None
+    backend = await open_memory(session, memory, path, user_roots=adapter.gives_user_roots)
+    analyzer = Analyzer(load_module(guest.kernel), adapter=adapter)
     try:
         yield session, analyzer, Capturer(session, backend, analyzer, CaptureConfig(stack_bytes))
     finally:

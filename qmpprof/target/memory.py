@@ -178,7 +178,7 @@ async def open_memory(
     kind: str,
     mem_path: str | None = None,
     notice: Callable[[str], None] | None = None,
-    user_roots: bool = True,
+    user_roots: bool = False,
 ) -> MemoryBackend:
     """The backend `kind` names. `auto` takes the fastest that works here: direct (guest
     RAM mapped from `mem_path`, or QEMU's /proc/PID/mem), else memsave if QEMU can write
