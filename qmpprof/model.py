@@ -138,6 +138,11 @@ class RegisterSet:
         return (self.cs_base + rip) & 0xFFFF_FFFF if self.segmented else rip
 
     @property
+    def user_mode(self) -> bool:
+        """Running user code: x86 at a CPL above 0, AArch64 at EL0 (`cpl`)."""
+        return self.cpl == 0 if self.isa == "aarch64" else self.cpl != 0
+
+    @property
     def sp(self) -> int:
         """The stack pointer in use."""
         return self.general["rsp" if self.isa == "x86_64" else "sp"]

@@ -10,6 +10,4 @@ def mode_of(registers: RegisterSet) -> Mode:
     AArch64's EL0 user space and EL1 or above the kernel (RegisterSet.cpl)."""
     if registers.halted:
         return Mode.IDLE
-    if registers.isa == "aarch64":
-        return Mode.USER if registers.cpl == 0 else Mode.KERNEL
-    return Mode.KERNEL if registers.cpl == 0 else Mode.USER
+    return Mode.USER if registers.user_mode else Mode.KERNEL

@@ -302,7 +302,7 @@ class Capturer:
         adapter = self._analyzer.adapter
         with contextlib.suppress(MemoryFault):
             adapter.process(regs, copy)
-        if regs.cpl != 0:
+        if regs.user_mode:
             return True  # a user stack: RSP's window is all of it
         try:
             stack = adapter.kernel_stack(regs, copy)

@@ -68,8 +68,8 @@ class KernelReader:
 
     def set_registers(self, registers: Sequence[RegisterSet]) -> None:
         aarch64 = [r for r in registers if r.isa == "aarch64"]
-        self._user = frozenset(r.vcpu for r in aarch64 if r.cpl == 0)
-        self._kernel = next((r.vcpu for r in aarch64 if r.cpl != 0), None)
+        self._user = frozenset(r.vcpu for r in aarch64 if r.user_mode)
+        self._kernel = next((r.vcpu for r in aarch64 if not r.user_mode), None)
 
     def cpu_for(self, cpu: int, address: int) -> int:
         if address >= _KERNEL_HALF and cpu in self._user and self._kernel is not None:
@@ -269,7 +269,7 @@ async def _use_roots(session: QmpSession, direct: DirectMemory, roots: tuple[int
     registers = parse_all(await session.hmp("info registers -a"))
     direct.set_registers(registers)
     for regs in registers:
-        if regs.isa == "aarch64" and regs.cpl != 0 and regs.pc >= _KERNEL_HALF:
+        if regs.isa == "aarch64" and not regs.user_mode and regs.pc >= _KERNEL_HALF:
             try:
                 direct.reader(regs.vcpu).read(regs.pc, 4)
             except MemoryFault as err:
