@@ -14,7 +14,10 @@ is attached, so this module uses it only where that disturbs nobody:
 The GDB remote protocol is spoken here in its smallest form: qSupported, the target
 description (qXfer:features:read) for the registers' numbers, the thread (vCPU) list,
 `Hg` and `p` per register, `D`. Every reply is bounded and every wait has a deadline;
-what the stub says is guest-controlled data, checked before use.
+what the stub says is guest-controlled data, checked before use. Where a debugger
+negotiated multiprocess with this QEMU before, `D` is refused (E22) and leaves the VM
+paused: the VM is resumed over QMP then, as it was running. A user whose GDB connects
+during the few milliseconds the stub is ours waits that long.
 """
 
 from __future__ import annotations

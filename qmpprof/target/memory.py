@@ -78,6 +78,8 @@ class KernelReader:
 
 
 _KERNEL_HALF = 1 << 63
+#: A TTBRn_EL1's table address: without the ASID above and CnP below.
+_TABLE_ADDRESS = 0x0000_FFFF_FFFF_F000
 
 
 class HmpMemory:
@@ -248,7 +250,9 @@ async def _page_table_roots(session: QmpSession, user_roots: bool) -> tuple[int,
         if known is None or len(known) != 2:
             raise
         return known[0], known[1]
-    pairs = {(vcpu["TTBR1_EL1"], vcpu["TCR_EL1"]) for vcpu in values.values()}
+    # Linux keeps an ASID in TTBR1_EL1's top bits, which changes with the address space:
+    # the table is the rest. With KPTI, a vCPU at EL0 has a trampoline's table there.
+    pairs = {(vcpu["TTBR1_EL1"] & _TABLE_ADDRESS, vcpu["TCR_EL1"]) for vcpu in values.values()}
     if len(pairs) != 1:
         raise DirectMemoryUnavailable("the vCPUs' kernel page tables (TTBR1_EL1) differ")
     (roots,) = pairs
