@@ -1,4 +1,4 @@
-"""Which instruction set an ELF file's code or a vCPU's registers are."""
+"""Which instruction set an ELF file's code is, and each by its name (RegisterSet.isa)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,3 @@ def isa_of_elf(machine: str, elf_class: int) -> Isa:
     """The ISA of an ELF file's code: i386 for ELF32 EM_386, AArch64 for EM_AARCH64,
     else x86-64's (an x32 file's code has 64-bit registers too)."""
     return _BY_MACHINE.get((machine, elf_class), X86_64)
-
-
-def isa_of_registers(name: str, word: int) -> Isa:
-    """The ISA a vCPU's registers are unwound with: RegisterSet.isa, and for x86 the
-    word of the code it ran (4: i386's numbering and conventions)."""
-    if name == "x86_64" and word == 4:
-        return I386
-    return ISAS.get(name, X86_64)

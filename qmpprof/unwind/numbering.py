@@ -33,8 +33,6 @@ OTHER = 0x10000
 #: The internal number of each i386 DWARF register 0-8: eax ecx edx ebx esp ebp esi edi
 #: eip -> rax 0, rcx 2, rdx 1, rbx 3, rsp 7, rbp 6, rsi 4, rdi 5, rip 16.
 I386_REGISTERS = (0, 2, 1, 3, 7, 6, 4, 5, 16)
-#: The old name of OTHER (i386 was the first numbering translated).
-I386_OTHER = OTHER
 
 #: The internal number of each AArch64 DWARF register 0-32: x0..x28, x29, x30, sp, pc.
 AARCH64_REGISTERS = (

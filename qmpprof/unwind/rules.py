@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from qmpprof.errors import MemoryFault, UnsupportedExpression
+from qmpprof.isa.x86 import CALLEE_SAVED_32, CALLEE_SAVED_64
 from qmpprof.isa.x86 import REGISTER_NAMES as X86_NAMES
 from qmpprof.memory import MemoryReader, read_word
 from qmpprof.unwind import numbering
@@ -30,13 +31,6 @@ REGISTER_COUNT = numbering.REGISTER_COUNT
 RSP = STACK_POINTER
 RBP = FRAME_POINTER
 RIP = PC
-#: Registers a normal call preserves (System V): their caller values equal ours
-#: unless a rule says otherwise. All others are unknown in the caller.
-CALLEE_SAVED = frozenset({3, 6, 7, 12, 13, 14, 15})
-_CALLEE_SAVED_IN_ORDER = tuple(sorted(CALLEE_SAVED))
-#: Those i386 code preserves (cdecl, System V i386): ebx, esi, edi, ebp, esp.
-CALLEE_SAVED_I386 = frozenset({3, 4, 5, 6, 7})
-_CALLEE_SAVED_I386_IN_ORDER = tuple(sorted(CALLEE_SAVED_I386))
 
 MASK32 = 0xFFFF_FFFF
 
@@ -224,7 +218,7 @@ class UnwindRow:
     callee_saved: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        saved = _CALLEE_SAVED_IN_ORDER if self.word == 8 else _CALLEE_SAVED_I386_IN_ORDER
+        saved = CALLEE_SAVED_64 if self.word == 8 else CALLEE_SAVED_32
         object.__setattr__(self, "callee_saved", self.saved or saved)
 
     def caller_registers(self, regs: Registers, memory: MemoryReader) -> list[int | None]:

@@ -23,7 +23,7 @@ from typing import Protocol
 from qmpprof.defaults import DEFAULT_MAX_DEPTH
 from qmpprof.errors import MemoryFault, UnsupportedExpression
 from qmpprof.isa.base import Isa, Progress
-from qmpprof.isa.registry import isa_of_registers
+from qmpprof.isa.registry import ISAS
 from qmpprof.isa.x86 import X86_64
 from qmpprof.memory import MemoryReader, read_word
 from qmpprof.model import (
@@ -84,7 +84,7 @@ _Stop = StopUnwind
 def dwarf_registers(registers: RegisterSet) -> list[int | None]:
     """The vCPU's registers in the unwinder's numbering (unwind/numbering.py)."""
     get = registers.general.get
-    names = isa_of_registers(registers.isa, 8).register_names
+    names = ISAS[registers.isa].register_names
     return [get(name) if name is not None else None for name in names]
 
 

@@ -38,7 +38,7 @@ from qmpprof.unwind import rules as r
 from qmpprof.unwind.cfi import elf_isa
 from qmpprof.unwind.cfi_entries import FdeEntry, parse_section
 from qmpprof.unwind.cfi_program import compile_fde
-from qmpprof.unwind.numbering import AARCH64_REGISTERS, I386_OTHER
+from qmpprof.unwind.numbering import AARCH64_REGISTERS, OTHER
 from tests.unit.conftest import build_elf
 
 #: readelf's x86-64 register names (binutils dwarf.c), index = DWARF number.
@@ -84,14 +84,14 @@ class Naming:
 
 
 def _i386_number(register: int) -> int:
-    if register >= I386_OTHER:
-        return register - I386_OTHER
+    if register >= OTHER:
+        return register - OTHER
     return _I386_NUMBERS.get(register, -1)
 
 
 def _aarch64_number(register: int) -> int:
-    if register >= I386_OTHER:
-        return register - I386_OTHER
+    if register >= OTHER:
+        return register - OTHER
     return AARCH64_REGISTERS.index(register) if register in AARCH64_REGISTERS else -1
 
 
