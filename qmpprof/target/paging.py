@@ -93,6 +93,28 @@ class UnsupportedPaging(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class EntryFormat:
+    """What a table entry's bits say, per architecture."""
+
+    #: Present (x86 P; AArch64 valid).
+    valid: int
+    #: A large page (block) where `entry & large_mask == large_value`: x86's PS set,
+    #: AArch64's bit 1 clear.
+    large_mask: int
+    large_value: int
+    #: A last-level entry maps a page where it has all of these bits.
+    leaf_mask: int
+    #: The next table's or the page's physical address.
+    address_mask: int
+    #: A large entry at a level without large pages faults (AArch64: an invalid block
+    #: descriptor); else it is a table (x86 ignores PS there).
+    large_elsewhere_faults: bool
+
+
+_X86_ENTRIES = EntryFormat(_PRESENT, _LARGE, _LARGE, _PRESENT, _ADDRESS_MASK, False)
+
+
+@dataclass(frozen=True, slots=True)
 class PagingState:
     """The registers that decide one vCPU's address translation."""
 
@@ -120,6 +142,10 @@ class PagingState:
         """The physical address of the top-level table CR3 points at (flags, PCID and
         reserved bits dropped)."""
         return _root(self, self.mode)
+
+    @property
+    def entries(self) -> EntryFormat:
+        return _X86_ENTRIES
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +179,10 @@ class Aarch64PagingState:
     def upper_root(self) -> int:
         return self.ttbr1 & _A64_TABLE_ADDRESS
 
+    @property
+    def entries(self) -> EntryFormat:
+        return _A64_ENTRIES
+
 
 _TG0_4K, _TG1_4K = 0, 2
 #: A table's address in TTBRn_EL1 (the ASID above, CnP below) and in a descriptor
@@ -164,6 +194,10 @@ _A64_BLOCK_2M = _A64_TABLE_ADDRESS & ~((1 << 21) - 1)
 #: last level a page must have it set.
 _A64_VALID = 1 << 0
 _A64_TABLE = 1 << 1
+
+_A64_ENTRIES = EntryFormat(
+    _A64_VALID, _A64_TABLE, 0, _A64_VALID | _A64_TABLE, _A64_TABLE_ADDRESS, True
+)
 
 #: One table level: (index shift, entries - 1, entry bytes, large-page frame mask or 0
 #: where the PS bit does not make a large page).
@@ -291,25 +325,15 @@ class VirtualMemory:
         self._levels = _levels(state, mode)
         self._root = _root(state, mode)
         self._upper_root = upper_root if mode is not PagingMode.DISABLED else None
+        self._format = state.entries
+        self._address_mask = self._format.address_mask
         #: AArch64's upper half has a table of its own (TTBR1), walked alone.
         self._high_root: int | None = None
-        #: What an entry's bits say: present (x86 P; AArch64 valid); a large page where
-        #: `entry & large_mask == large_value` (x86 PS set; AArch64 a block, bit 1 clear);
-        #: a last-level entry maps a page where it has all of `leaf_mask`.
-        self._valid, self._large_mask, self._large_value = _PRESENT, _LARGE, _LARGE
-        self._leaf_mask, self._address_mask = _PRESENT, _ADDRESS_MASK
-        #: A large-page entry at a level without large pages: x86 ignores PS there,
-        #: AArch64 calls such a block descriptor invalid.
-        self._blocks_anywhere_fault = False
-        if isinstance(state, Aarch64PagingState):
-            self._blocks_anywhere_fault = True
-            self._high_root, self._upper_root = state.upper_root, None
-            self._valid, self._large_mask, self._large_value = _A64_VALID, _A64_TABLE, 0
-            self._leaf_mask = _A64_VALID | _A64_TABLE
-            self._address_mask = _A64_TABLE_ADDRESS
         self._low_end, self._high_start = _address_limits(mode)
-        if isinstance(state, Aarch64PagingState) and state.ttbr0 is None:
-            self._low_end = 0  # the lower half's table is not known: all of it faults
+        if isinstance(state, Aarch64PagingState):
+            self._high_root, self._upper_root = state.upper_root, None
+            if state.ttbr0 is None:
+                self._low_end = 0  # the lower half's table is not known: all of it faults
         #: Where `upper_root` may answer: the upper half (32-bit: from 2 GiB up, where a
         #: 3G/1G or 2G/2G kernel lies).
         self._upper_start = min(self._high_start, _UPPER_HALF_32)
@@ -493,7 +517,12 @@ class VirtualMemory:
                 return self._leaf(address, table, size)
         table = root
         entries = self._entries
-        valid, large_mask, large_value = self._valid, self._large_mask, self._large_value
+        entry_format = self._format
+        valid, large_mask, large_value = (
+            entry_format.valid,
+            entry_format.large_mask,
+            entry_format.large_value,
+        )
         for shift, offset_shift, offset_mask, large_frame in self._upper_steps:
             entry_address = table + ((address >> offset_shift) & offset_mask)
             entry = entries.get(entry_address)
@@ -503,7 +532,7 @@ class VirtualMemory:
                 raise MemoryFault(address)
             if entry & large_mask == large_value:
                 if not large_frame:  # x86 ignores PS there; AArch64 has no block there
-                    if self._blocks_anywhere_fault:
+                    if entry_format.large_elsewhere_faults:
                         raise MemoryFault(address)
                     table = entry & self._address_mask
                     continue
@@ -535,7 +564,7 @@ class VirtualMemory:
                 raise MemoryFault(address)
             entries = _ENTRIES[entry_size].iter_unpack(data)
             entry = next(entries)[0]
-            if entry & self._leaf_mask != self._leaf_mask:
+            if entry & self._format.leaf_mask != self._format.leaf_mask:
                 raise MemoryFault(address)
             self._keep_pages((address >> PAGE_SHIFT) + 1, (e for (e,) in entries))
             return entry & self._address_mask, PAGE_SIZE
@@ -543,13 +572,13 @@ class VirtualMemory:
         entry = self._entries.get(entry_address)
         if entry is None:
             entry = self._read_entry(entry_address)
-        if entry & self._leaf_mask != self._leaf_mask:
+        if entry & self._format.leaf_mask != self._format.leaf_mask:
             raise MemoryFault(address)
         return entry & self._address_mask, PAGE_SIZE
 
     def _keep_pages(self, page: int, entries: Iterator[int]) -> None:
         """The frames of the pages from `page` on, as long as their `entries` map one."""
-        cache, leaf, address_mask = self._cache, self._leaf_mask, self._address_mask
+        cache, leaf, address_mask = self._cache, self._format.leaf_mask, self._address_mask
         for entry in entries:
             if entry & leaf != leaf:
                 if self._upper_root is None:  # else another root may map it (_walk)
