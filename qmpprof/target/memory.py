@@ -15,19 +15,13 @@ import os
 import pwd
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from qmpprof.defaults import PAGE_SIZE
-from qmpprof.errors import CommandFailed, DirectMemoryUnavailable, MemoryFault, UsageError
+from qmpprof.errors import CommandFailed, DirectMemoryUnavailable, UsageError
 from qmpprof.model import RegisterSet
-from qmpprof.target.paging import Aarch64PagingState, UnsupportedPaging
 from qmpprof.target.qmp import QmpSession
-from qmpprof.target.registers import parse_all
-from qmpprof.target.remembered import Remembered
 from qmpprof.target.xdump import parse_hmp_words
-
-if TYPE_CHECKING:
-    from qmpprof.target.direct import DirectMemory
 
 #: The most one QMP command reads: a window is read in commands of at most this much,
 #: so that one command never holds QEMU's monitor for long and a tick that outlives its
@@ -78,8 +72,6 @@ class KernelReader:
 
 
 _KERNEL_HALF = 1 << 63
-#: A TTBRn_EL1's table address: without the ASID above and CnP below.
-_TABLE_ADDRESS = 0x0000_FFFF_FFFF_F000
 
 
 class HmpMemory:
@@ -195,12 +187,13 @@ async def open_memory(
     direct_problem = None
     if kind in ("direct", "auto"):
         from qmpprof.target.direct import open_direct  # mmap, sockets: only when asked
+        from qmpprof.target.roots import page_table_roots, use_roots
 
         try:
-            roots = await _page_table_roots(session, user_roots)
+            roots = await page_table_roots(session, user_roots)
             direct = await open_direct(session, mem_path)
             if roots is not None:
-                await _use_roots(session, direct, roots)
+                await use_roots(session, direct, roots)
             return direct
         except DirectMemoryUnavailable as err:
             if kind == "direct":
@@ -220,67 +213,6 @@ async def open_memory(
     if notice is not None and direct_problem is not None:
         notice(f"memory: hmp (slow), as direct is unavailable ({direct_problem}) and {problem}")
     return HmpMemory(session)
-
-
-#: The QEMU targets (QMP query-target) whose register dump has the page-table roots.
-_ROOTS_IN_DUMP = ("x86_64", "i386")
-
-
-async def _page_table_roots(session: QmpSession, user_roots: bool) -> tuple[int, int] | None:
-    """What an AArch64 guest's page walks need and its register dump lacks: TTBR1_EL1
-    and TCR_EL1, one pair every vCPU shares, read from QEMU's gdbstub (target/gdbstub.py)
-    and remembered for the QEMU process; those remembered where the stub cannot be used
-    (the VM paused, a debugger attached). None for x86, whose dump has its roots. Raises
-    DirectMemoryUnavailable where they cannot be had."""
-    target = await session.execute("query-target")
-    arch = target.get("arch") if isinstance(target, dict) else None
-    if arch in _ROOTS_IN_DUMP:
-        return None
-    if arch != "aarch64":
-        raise DirectMemoryUnavailable(f"the page tables of an {arch} guest are not walked yet")
-    if not user_roots:
-        raise DirectMemoryUnavailable("no OS adapter says each task's page tables (TTBR0_EL1)")
-    from qmpprof.target.gdbstub import read_system_registers
-
-    remembered = Remembered.of(session, "aarch64-roots")
-    try:
-        values = await read_system_registers(session, ("TTBR1_EL1", "TCR_EL1"))
-    except DirectMemoryUnavailable:
-        known = remembered.numbers()
-        if known is None or len(known) != 2:
-            raise
-        return known[0], known[1]
-    # Linux keeps an ASID in TTBR1_EL1's top bits, which changes with the address space:
-    # the table is the rest. With KPTI, a vCPU at EL0 has a trampoline's table there.
-    pairs = {(vcpu["TTBR1_EL1"] & _TABLE_ADDRESS, vcpu["TCR_EL1"]) for vcpu in values.values()}
-    if len(pairs) != 1:
-        raise DirectMemoryUnavailable("the vCPUs' kernel page tables (TTBR1_EL1) differ")
-    (roots,) = pairs
-    remembered.keep(*roots)
-    return roots
-
-
-async def _use_roots(session: QmpSession, direct: DirectMemory, roots: tuple[int, int]) -> None:
-    """`direct` walks with `roots` once they are checked: a granule and address size
-    walked here, and every vCPU in the kernel (a reboot may have moved the tables since
-    they were remembered) with its pc mapped by them. Raises DirectMemoryUnavailable."""
-    try:
-        Aarch64PagingState(None, *roots).mode  # noqa: B018 (it raises for what is not walked)
-    except UnsupportedPaging as err:
-        await direct.close()
-        raise DirectMemoryUnavailable(str(err)) from err
-    direct.aarch64_roots = roots
-    registers = parse_all(await session.hmp("info registers -a"))
-    direct.set_registers(registers)
-    for regs in registers:
-        if regs.isa == "aarch64" and not regs.user_mode and regs.pc >= _KERNEL_HALF:
-            try:
-                direct.reader(regs.vcpu).read(regs.pc, 4)
-            except MemoryFault as err:
-                await direct.close()
-                raise DirectMemoryUnavailable(
-                    f"TTBR1_EL1 {roots[0]:#x} does not map vCPU {regs.vcpu}'s pc"
-                ) from err
 
 
 async def _memsave_problem(session: QmpSession, backend: MemsaveMemory) -> str | None:
