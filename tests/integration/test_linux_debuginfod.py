@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -31,12 +30,20 @@ import pytest
 
 from tests.guest_vm import qmp_call
 from tests.integration.conftest import run_cached
-from tests.linux_vm import LinuxGuest, kernel_abis, libc_versions, running_linux
+from tests.linux_vm import (
+    LinuxGuest,
+    guest_sysroot,
+    kernel_abis,
+    libc_versions,
+    running_linux,
+)
 
 pytestmark = pytest.mark.integration
 
 #: A guard against a hang: the server indexes a few files in seconds.
 INDEX_DEADLINE_S = 900.0
+#: The guest's C library, in its sysroot.
+LIBC = Path("lib/x86_64-linux-gnu/libc.so.6")
 DEBS = Path(os.environ.get("QMPPROF_CACHE", Path.home() / ".cache" / "qmpprof")) / "debian"
 
 
@@ -51,17 +58,15 @@ def build_id(path: Path) -> str:
     return notes.split("Build ID: ", 1)[1].split()[0]
 
 
-def scanned(url: str) -> dict[str, int]:
-    """How many files of each source the server has indexed ("file", ".deb archive"; its
-    /metrics; none while it starts)."""
+def serves(url: str, build_id: str) -> bool:
+    """Whether the server answers for `build_id`'s debug file (not while it starts, nor
+    while it still reads the file: its scan counters move before the file is indexed)."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with opener.open(f"{url}/metrics", timeout=10) as answer:
-            text = answer.read().decode(errors="replace")
+        with opener.open(f"{url}/buildid/{build_id}/debuginfo", timeout=10) as answer:
+            return bool(answer.status == 200 and answer.read(4) == b"\x7fELF")
     except (urllib.error.URLError, OSError):
-        return {}
-    found = re.findall(r'^scanned_files_total\{source="([^"]+)"\} (\d+)', text, re.MULTILINE)
-    return {source: int(count) for source, count in found}
+        return False
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +94,8 @@ def server(guest: LinuxGuest, tmp_path_factory: pytest.TempPathFactory) -> Itera
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + INDEX_DEADLINE_S
-        while scanned(url).get(".deb archive", 0) < len(wanted) or not scanned(url).get("file"):
+        wanted_ids = [build_id(guest.kernel), build_id(guest_sysroot(guest) / LIBC)]
+        while not all(serves(url, wanted_id) for wanted_id in wanted_ids):
             assert time.monotonic() < deadline, "debuginfod did not index the vmlinux and .debs"
             assert process.poll() is None, "debuginfod exited"
             time.sleep(1)  # polls a server that indexes in the background
@@ -134,7 +140,8 @@ def test_the_fetched_vmlinux_gives_what_kernel_gives(
     env = {"DEBUGINFOD_URLS": server, "DEBUGINFOD_CACHE_PATH": str(tmp_path / "cache")}
     fetched = dump(guest, env=env)
     given = dump(guest, "--kernel", str(guest.kernel), env={"DEBUGINFOD_URLS": ""})
-    assert kernel_frames(fetched) == kernel_frames(given)  # inlined calls included
+    # inlined calls included
+    assert kernel_frames(fetched) == kernel_frames(given), fetched.stderr
     assert (tmp_path / "cache" / build_id(guest.kernel) / "debuginfo").is_file()
     assert "from debuginfod" in fetched.stderr or not kernel_frames(fetched)
     libc = [name for vcpu in frames(fetched) for _, name, module in vcpu if module == "libc.so.6"]

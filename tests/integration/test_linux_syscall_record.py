@@ -4,9 +4,10 @@ is labelled with its task, and its heaviest stacks read as perf draws a system c
 
 The oracles are not qmpprof's: the call chains examples/linux/workloads/sysloop.c documents,
 the names and addresses nm gives for sysloop and the vmlinux, Linux's x86-64 system-call
-path (entry_SYSCALL_64 -> do_syscall_64 -> the call's function), and the pid init prints
-for sysloop on the console. The recording is read from its speedscope file, which keeps
-each sample's stack and each frame's file (vmlinux or sysloop) apart."""
+path (entry_SYSCALL_64 -> do_syscall_64 -> the call's function, or the entry and exit
+work do_syscall_64 does around it), and the pid init prints for sysloop on the console.
+The recording is read from its speedscope file, which keeps each sample's stack and each
+frame's file (vmlinux or sysloop) apart."""
 
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ SYSCALL_ENTRY = ("entry_SYSCALL_64", "do_syscall_64")
 #: What do_syscall_64 calls to pick the call's function since 2024 (6.12; backported to
 #: Debian's 6.1), instead of indexing the table itself.
 DISPATCH = "x64_sys_call"
+#: What do_syscall_64 calls before and after the call's function (arch/x86/entry/common.c):
+#: the entry work (tracing, seccomp) and the exit work (signals, rescheduling).
+SYSCALL_WORK = ("syscall_enter_from_user_mode", "syscall_exit_to_user_mode")
 #: The share of sysloop's kernel samples that must reach one of its user frames.
 MIN_INTO_USER = 0.95
 #: Process labels: `comm (pid)` for a process, `[comm]` for a kernel thread or idle.
@@ -192,8 +196,8 @@ class PerfNames:
         rest = after_entry(names)
         if rest is None:
             return f"not entered through {' -> '.join(SYSCALL_ENTRY)}"
-        if rest and not self.is_call_function(call, rest[0]):
-            return f"{rest[0]} is not {call}'s own function"
+        if rest and rest[0] not in SYSCALL_WORK and not self.is_call_function(call, rest[0]):
+            return f"{rest[0]} is neither {call}'s own function nor do_syscall_64's work"
         return None
 
     def is_call_function(self, call: str, name: str) -> bool:
