@@ -17,24 +17,24 @@ APT_PACKAGES := $(DEMO_APT_PACKAGES) gdb tmux dwarves debuginfod libarchive-tool
 TOOLS := $(DEMO_TOOLS) gdb tmux pahole debuginfod bsdtar perf libvirtd virtlogd virsh virt-qemu-qmp-proxy /etc/init.d/libvirtd /usr/lib/python3/dist-packages/libvirt.py /boot/memtest86+x64.bin qemu-system-aarch64 gdb-multiarch aarch64-linux-gnu-gcc /usr/lib/u-boot/qemu_arm64/u-boot.bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help demo test unit integration fuzz mutants bench kaslr-bench serve-soak lint format deps demo-deps system-deps demo-system-deps guest guest-aarch64 linux-guest linux-oracle i386-oracle aarch64-oracle consumers clean
+.PHONY: help demo test unit integration fuzz mutants bench kaslr-bench serve-soak lint format deps demo-deps system-deps demo-system-deps guest guest-aarch64 linux-guest linux-guest-aarch64 linux-oracle i386-oracle aarch64-oracle consumers clean
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 demo: demo-deps $(if $(filter linux,$(GUEST)),,$(if $(filter aarch64,$(ARCH)),guest-aarch64,guest))  ## boot the example guest (ARCH=i386: its 32-bit build, ARCH=aarch64 its AArch64 one; GUEST=linux: Debian's kernel, ~75 MB fetched once), profile it 10 s, write demo/, print the hottest stacks
 	@PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/demo.sh
 
-test: deps guest guest-aarch64 linux-guest consumers  ## run every test (unit, consumers, integration against a real QEMU)
+test: deps guest guest-aarch64 linux-guest linux-guest-aarch64 consumers  ## run every test (unit, consumers, integration against a real QEMU)
 	$(BIN)/pytest -q tests
 
 unit: deps  ## unit tests only (no QEMU), without the slow sweeps (`make test` runs those)
 	$(BIN)/pytest -q -m 'not slow' tests/unit
 
-integration: deps guest guest-aarch64 linux-guest  ## integration tests only (boots the example guest)
+integration: deps guest guest-aarch64 linux-guest linux-guest-aarch64  ## integration tests only (boots the example guest)
 	$(BIN)/pytest -q tests/integration
 
-mutants: deps guest guest-aarch64 linux-guest  ## break qmpprof in one place at a time (a frame kind dropped, the KASLR slide off by one, ...) and say which test catches each
+mutants: deps guest guest-aarch64 linux-guest linux-guest-aarch64  ## break qmpprof in one place at a time (a frame kind dropped, the KASLR slide off by one, ...) and say which test catches each
 	$(BIN)/python -m tests.mutants.run
 
 #: Cases per fuzz test under `make fuzz` (tests that parse a whole file per case run a
@@ -142,6 +142,13 @@ linux-guest:  ## fetch Debian's kernels (6.1, 6.12, bullseye's 5.10, 6.1's 686-p
 	$(MAKE) -s -C examples/linux
 	bash examples/linux/i386/fetch.sh >/dev/null
 	$(MAKE) -s -C examples/linux/i386
+
+#: The arm64 kernel `make test` boots (`make linux-arm64-oracle` fetches the others).
+ARM64_TEST_ABI := 6.1.0-50-cloud-arm64
+
+linux-guest-aarch64:  ## fetch Debian's arm64 6.1 cloud kernel + debug vmlinux and arm64 libc6 (+ -dbg) once (~/.cache/qmpprof, ~300 MB), build the AArch64 Linux guest's initramfs and sysroot
+	bash examples/linux/aarch64/fetch.sh $(ARM64_TEST_ABI) >/dev/null
+	$(MAKE) -s -C examples/linux/aarch64
 
 #: Pauses per kernel and KASLR setting under `make linux-oracle` (each ~10 s).
 ORACLE_PAUSES ?= 100

@@ -120,6 +120,9 @@ class RegisterSet:
     #: which), "aarch64". An AArch64 vCPU's `general` names x0..x30, sp, pc and pstate,
     #: and its `cpl` is its exception level.
     isa: str = "x86_64"
+    #: AArch64's TPIDR_EL1 (Linux: the CPU's per-CPU offset), which the dump lacks: read
+    #: once per connection (target/roots.py); 0 when not known.
+    tpidr: int = 0
 
     @property
     def segmented(self) -> bool:

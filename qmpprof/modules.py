@@ -209,10 +209,11 @@ def guest_loaded_file(
     loads: tuple[LoadSegment, ...],
     build_id: bytes | None,
     word: int = 8,
+    isa: str = "x86_64",
 ) -> Module:
     """A guest file with no host copy, as its process has it loaded: its dynamic symbols
     and its .eh_frame's CFI (guest/loaded_elf.py), at file addresses; `word` 4 for an
-    i386 file. No code bytes (a return-site check there learns nothing). Its path,
+    i386 file, `isa` its code's. No code bytes (a return-site check there learns nothing). Its path,
     `[guest]/PATH`, is no host file's, so nothing reads source lines from a host file
     of the same name."""
     name = file_name(mapping)
@@ -220,7 +221,17 @@ def guest_loaded_file(
     table = SymbolTable(name, symbols)
     empty = WindowMemory(())
     return Module(
-        name, path, table, cfi, empty, None, build_id, loads=loads, from_guest=True, word=word
+        name,
+        path,
+        table,
+        cfi,
+        empty,
+        None,
+        build_id,
+        loads=loads,
+        from_guest=True,
+        word=word,
+        isa=isa,
     )
 
 

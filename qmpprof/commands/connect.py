@@ -21,7 +21,7 @@ from qmpprof.record.kernel_modules import KernelModules
 from qmpprof.record.process_maps import ProcessMaps
 from qmpprof.record.relocation import KernelPlacement, kernel_slide_of
 from qmpprof.symbols.kernel_object import ModuleFiles
-from qmpprof.target.direct import identify_qemu
+from qmpprof.target.direct import DirectMemory, identify_qemu
 from qmpprof.target.memory import MemoryBackend, open_memory
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.recovery import claim, release
@@ -168,16 +168,23 @@ async def _capturing(
     try:
         await claim(session, notice)
         await check_cpus(session, options.cpus)
-        memory = await open_memory(
-            session, options.memory, options.mem_path, notice, analyzer.adapter.gives_user_roots
-        )
+        # With no kernel file, the kernel read from memory may say each task's roots.
+        roots = analyzer.adapter.gives_user_roots or analyzer.kernel is None
+        memory = await open_memory(session, options.memory, options.mem_path, notice, roots)
+        found = None
+        try:
+            if analyzer.kernel is None:
+                found = await _kernel_from_guest(session, memory, analyzer, notice)
+            if _lacks_user_roots(memory, analyzer):
+                await memory.close()
+                memory = await open_memory(session, options.memory, options.mem_path, notice)
+        except BaseException:
+            await memory.close()
+            raise
         if described is not None:
             notice(f"{described}; memory backend: {describe_memory(memory)}")
         config = CaptureConfig(options.stack_bytes, options.cpus, options.unwind_paused)
         try:
-            found = None
-            if analyzer.kernel is None:
-                found = await _kernel_from_guest(session, memory, analyzer, notice)
             placed = await _placement(session, memory, analyzer, found, notice)
             if found is None and analyzer.kernel and isinstance(analyzer.adapter, LinuxAdapter):
                 check_build_id(session, memory, analyzer.kernel)  # after the IDT's say
@@ -196,6 +203,13 @@ async def _capturing(
             await memory.close()
     finally:
         release(session)
+
+
+def _lacks_user_roots(memory: MemoryBackend, analyzer: Analyzer) -> bool:
+    """Direct memory of an AArch64 guest opened for a kernel from guest memory that
+    turned out not to say each task's page tables: to be read through QEMU instead."""
+    aarch64 = isinstance(memory, DirectMemory) and memory.aarch64_roots is not None
+    return aarch64 and not analyzer.adapter.gives_user_roots
 
 
 async def _kernel_from_guest(

@@ -43,6 +43,9 @@ _PER_ENTRY[ENUM64] = 3
 _QUALIFIERS = {TYPEDEF, VOLATILE, CONST, RESTRICT, TYPE_TAG}
 _SIZED = {INT, STRUCT, UNION, ENUM, ENUM64, FLOAT}
 POINTER_SIZE = 8
+#: A member name no C struct can have: asked for, its offset is the struct's size (from
+#: BTF, and from DWARF in guest/dwarf_types.py).
+SIZE = "(size)"
 
 
 #: A member: its offset in bytes from the start of the struct asked for, and the size
@@ -70,7 +73,8 @@ class Btf:
     ) -> dict[str, dict[str, Placed]]:
         """The members of each struct called one of `names` (its first definition with
         members), those of its anonymous structs and unions too, at offsets from it:
-        `wanted` only, when given. A struct the BTF lacks is absent."""
+        `wanted` only, when given; SIZE's offset is the struct's size. A struct the BTF
+        lacks is absent."""
         named = {at: name for name in names for at in _string_offsets(self._strings, name)}
         found: dict[str, int] = {}
         words = self._words
@@ -83,9 +87,32 @@ class Btf:
         layouts = {}
         for name, type_id in found.items():
             members = self._members(type_id, wanted, 0, 0, [MAX_MEMBERS])
+            if wanted is None or SIZE in wanted:
+                members[SIZE] = (words[self._starts[type_id - 1] + 2], None)
             if members:
                 layouts[name] = members
         return layouts
+
+    def section_variables(self, section: str, names: set[str]) -> dict[str, int]:
+        """The offset in data section `section` (a DATASEC: `.data..percpu` lists every
+        per-CPU variable) of each variable called one of `names` that it lists."""
+        sections = _string_offsets(self._strings, section)
+        words = self._words
+        found: dict[str, int] = {}
+        for at in self._starts:
+            info = words[at + 1]
+            if _kind(info) != DATASEC or words[at] not in sections:
+                continue
+            for entry in range(at + 3, at + 3 + 3 * _vlen(info), 3):
+                variable, offset = words[entry], words[entry + 1]
+                if not 0 < variable <= len(self._starts):
+                    continue
+                var_at = self._starts[variable - 1]
+                if _kind(words[var_at + 1]) == VAR:
+                    name = self._string(words[var_at])
+                    if name in names:
+                        found.setdefault(name, offset)
+        return found
 
     def _members(
         self, type_id: int, wanted: frozenset[str] | None, base: int, depth: int, budget: list[int]

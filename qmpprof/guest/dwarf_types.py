@@ -21,7 +21,7 @@ from typing import Any
 from elftools.dwarf.die import DIE
 
 from qmpprof.errors import BadBtf, BadElf
-from qmpprof.guest.btf import Btf
+from qmpprof.guest.btf import SIZE, Btf
 from qmpprof.symbols.derived import derived, file_key, kind_for
 from qmpprof.symbols.elf import read_object_symbols
 from qmpprof.symbols.elf_file import ELF_PARSE_ERRORS, open_elf
@@ -150,7 +150,7 @@ def _structs(
                 name = _name(die)
                 # A declaration (no members) may come first; keep looking for the definition.
                 if die.tag == "DW_TAG_structure_type" and name in names and not found.get(name):
-                    found[name] = _members(die, wanted)
+                    found[name] = _members(die, wanted) | _size_member(die, wanted)
             if all(found.get(name) for name in names) or budget.spent():
                 break
     except ELF_PARSE_ERRORS:
@@ -273,6 +273,14 @@ def _children(die: Any) -> Iterator[Any]:
 #: How many array levels a member's size is multiplied through (hostile DWARF can make
 #: an array type its own element type).
 MAX_ARRAY_DEPTH = 8
+
+
+def _size_member(die: DIE, wanted: frozenset[str] | None) -> dict[str, Member]:
+    """SIZE, when asked for and the struct's definition gives its size."""
+    size = die.attributes.get("DW_AT_byte_size")
+    if (wanted is not None and SIZE not in wanted) or size is None:
+        return {}
+    return {SIZE: Member(int(size.value), None)} if isinstance(size.value, int) else {}
 
 
 def _byte_size(member: Any, depth: int = 0) -> int | None:

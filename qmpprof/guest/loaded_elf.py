@@ -39,6 +39,9 @@ from dataclasses import dataclass, field, replace
 
 from qmpprof.errors import BadCfi, MemoryFault
 from qmpprof.guest.linux.maps import build_id_note
+from qmpprof.isa.aarch64 import AARCH64
+from qmpprof.isa.base import Isa
+from qmpprof.isa.x86 import X86_64
 from qmpprof.memory import MemoryReader
 from qmpprof.model import FileMapping
 from qmpprof.modules import LoadSegment, Module, guest_loaded_file
@@ -59,6 +62,8 @@ MAX_NOTES = 4096
 MAX_SECTIONS = 4096
 
 _ELF_MAGIC = b"\x7fELF\x02\x01"  # 64-bit, little-endian
+#: The instruction sets of e_machine's values read: EM_X86_64, EM_AARCH64.
+_MACHINES = {62: X86_64, 183: AARCH64}
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _PHDR = struct.Struct("<IIQQQQQQ")
 _DYN = struct.Struct("<qQ")
@@ -112,6 +117,8 @@ class LoadedHeaders:
     section_headers: Span | None = None
     #: Which of its sections holds the section names (e_shstrndx).
     section_names: int = 0
+    #: Its code's instruction set (e_machine).
+    isa: Isa = X86_64
 
     def spans(self) -> tuple[Span, ...]:
         """The ranges the second step reads."""
@@ -188,13 +195,15 @@ class LoadedHeadersRead:
     _dynamic_span: Span | None = None
 
     def advance(self, memory: MemoryReader) -> LoadedHeaders | None:
-        """The headers, or None when the mapping is not a loaded 64-bit x86 ELF whose
+        """The headers, or None when the mapping is not a loaded 64-bit ELF (x86-64 or
+        AArch64) whose
         layout places it where the map says (or its build-id is not the map's)."""
         base = self.mapping.start - self.mapping.offset
         head = self._bytes(memory, base, _EHDR.size)
         fields = _EHDR.unpack(head)
         phoff, entry_size, count = fields[5], fields[9], fields[10]
-        if not head.startswith(_ELF_MAGIC) or fields[2] != 62 or entry_size != _PHDR.size:
+        isa = _MACHINES.get(fields[2])
+        if not head.startswith(_ELF_MAGIC) or isa is None or entry_size != _PHDR.size:
             return None
         if count > MAX_PHDRS or phoff > PAGE_SIZE * 4:
             return None
@@ -207,7 +216,8 @@ class LoadedHeadersRead:
         if self.mapping.build_id is not None and build_id != self.mapping.build_id:
             return None
         headers = self._headers(phdrs, bias, build_id)
-        return replace(headers, section_headers=_sections(fields), section_names=fields[13])
+        sections = _sections(fields)
+        return replace(headers, section_headers=sections, section_names=fields[13], isa=isa)
 
     def _headers(self, phdrs: _Phdrs, bias: int, build_id: bytes | None) -> LoadedHeaders:
         self._loads = [p for p in phdrs if p[0] == PT_LOAD]
@@ -489,7 +499,8 @@ def _fdes(
     link = headers.eh_frame.address - headers.bias
     table = pieces.get(headers.fde_table) if headers.fde_table is not None else None
     if table is None or headers.eh_frame_hdr is None:
-        found = parse_section(frame.data[: frame.readable_prefix()], link, eh_frame=True)
+        data = frame.data[: frame.readable_prefix()]
+        found = parse_section(data, link, eh_frame=True, isa=headers.isa)
         return found.fdes, found.problems
     offsets = []
     hdr = headers.eh_frame_hdr.address
@@ -497,7 +508,7 @@ def _fdes(
         if table.readable(at, _HDR_ENTRY.size):
             fde = hdr + _HDR_ENTRY.unpack_from(table.data, at)[1] - headers.eh_frame.address
             offsets.append(fde)
-    found = parse_listed(frame.data, link, offsets, frame.readable)
+    found = parse_listed(frame.data, link, offsets, frame.readable, isa=headers.isa)
     return found.fdes, found.problems
 
 
@@ -538,7 +549,8 @@ def _name(strings: SparseBytes, offset: int) -> str | None:
 def loaded_module(mapping: FileMapping, headers: LoadedHeaders, image: LoadedImage) -> Module:
     """The Module `mapping`'s file is as its process has it loaded."""
     cfi = CfiTable(image.fdes, image.problems)
-    return guest_loaded_file(mapping, image.symbols, cfi, headers.loads, headers.build_id)
+    loads, build_id = headers.loads, headers.build_id
+    return guest_loaded_file(mapping, image.symbols, cfi, loads, build_id, isa=headers.isa.name)
 
 
 def read_loaded_module(

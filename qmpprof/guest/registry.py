@@ -14,12 +14,13 @@ from qmpprof.guest.adapter import AdapterKind, GenericAdapter, KernelFacts, OsAd
 from qmpprof.guest.example import ExampleGuestAdapter
 from qmpprof.guest.kernel_types import ElfTypes
 from qmpprof.guest.linux.adapter import LinuxAdapter
+from qmpprof.guest.linux.arm64 import Arm64LinuxAdapter
 from qmpprof.symbols.derived import file_key
 from qmpprof.symbols.elf import read_object_symbols
 from qmpprof.symbols.elf_file import open_elf
 
 #: Probed in this order; the generic adapter stands in when none fits.
-ADAPTERS: tuple[AdapterKind, ...] = (ExampleGuestAdapter, LinuxAdapter)
+ADAPTERS: tuple[AdapterKind, ...] = (ExampleGuestAdapter, Arm64LinuxAdapter, LinuxAdapter)
 
 
 def choose_adapter(kernel: Path, kinds: Sequence[AdapterKind] = ADAPTERS) -> OsAdapter:

@@ -218,17 +218,20 @@ class Capturer:
         return [await self._halt_read(regs) for regs in registers if not cpus or regs.vcpu in cpus]
 
     def _with_user_roots(self, registers: list[RegisterSet]) -> list[RegisterSet]:
-        """AArch64 vCPUs read directly get their user half's page-table root (TTBR0_EL1,
-        as `cr3`) from the OS adapter, which reads it in the kernel's half; the others
-        are as they were. A vCPU whose root is not found has no lower half to read."""
+        """AArch64 vCPUs read directly get their TPIDR_EL1 (read once: target/roots.py)
+        and their user half's page-table root (TTBR0_EL1, as `cr3`) from the OS adapter,
+        which reads it in the kernel's half; the others are as they were. A vCPU whose
+        root is not found has no lower half to read."""
         memory = self._memory
         if not isinstance(memory, DirectMemory) or all(r.isa != "aarch64" for r in registers):
             return registers
-        adapter = self._analyzer.adapter
+        adapter, tpidr = self._analyzer.adapter, memory.aarch64_tpidr
         rooted = []
         for regs in registers:
             root = None
             if regs.isa == "aarch64":
+                if 0 <= regs.vcpu < len(tpidr):
+                    regs = replace(regs, tpidr=tpidr[regs.vcpu])
                 with contextlib.suppress(MemoryFault):
                     root = adapter.user_root(regs, memory.reader(regs.vcpu))
             rooted.append(replace(regs, cr3=root) if root else regs)
@@ -311,8 +314,9 @@ class Capturer:
         if stack is None:
             return False
         user_rsps = set()
-        long_mode = regs.bits == 64  # the task-state segment and frame layouts below
-        if not stack[0] <= regs.rsp < stack[0] + stack[1]:
+        # x86-64's task-state segment and frame layouts below
+        long_mode = regs.isa == "x86_64" and regs.bits == 64
+        if not stack[0] <= regs.sp < stack[0] + stack[1]:
             with contextlib.suppress(MemoryFault):
                 copy.read(*stack)  # an interrupt stack's unwind goes on there
             with contextlib.suppress(MemoryFault):

@@ -18,6 +18,7 @@ from qmpprof.guest.kernel_types import KernelTypes
 from qmpprof.guest.linux.maps import FileSource
 from qmpprof.guest.linux.page_cache import (
     PAGE_SIZE,
+    LinearBases,
     MemoryBases,
     PageCacheLayout,
     file_page,
@@ -37,18 +38,24 @@ class PageCache:
     """The kernel side: the layout, the two bases (read once per connection) and how
     many pages were found there."""
 
-    def __init__(self, layout: PageCacheLayout, slide: Callable[[], int]) -> None:
+    def __init__(
+        self, layout: PageCacheLayout, slide: Callable[[], int], fixed: LinearBases | None = None
+    ) -> None:
         self.layout = layout
         self._slide = slide
+        self._fixed = fixed
         self._bases: MemoryBases | None = None
         #: Pages found in the page cache, and page lookups that found none.
         self.pages = 0
         self.missed = 0
 
     @classmethod
-    def of_kernel(cls, types: KernelTypes, slide: Callable[[], int]) -> PageCache | None:
-        layout = page_cache_layout(types)
-        return None if layout is None else cls(layout, slide)
+    def of_kernel(
+        cls, types: KernelTypes, slide: Callable[[], int], fixed: LinearBases | None = None
+    ) -> PageCache | None:
+        """`fixed`: the bases where the kernel has no variables for them (arm64)."""
+        layout = page_cache_layout(types, fixed is not None)
+        return None if layout is None else cls(layout, slide, fixed)
 
     def forget(self) -> None:
         """A new connection: the guest may have booted again (other bases)."""
@@ -88,6 +95,8 @@ class PageCache:
         return self._bases
 
     def _read_bases(self, memory: MemoryReader) -> MemoryBases | None:
+        if self._fixed is not None:
+            return self._fixed.bases(self.layout.page_struct)
         return memory_bases(memory, self.layout, self._slide())
 
 

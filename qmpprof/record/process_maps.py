@@ -226,7 +226,8 @@ class ProcessMaps:
         layout = maps_layout(types)
         if layout is None:
             return None
-        return cls(layout, memory, page_cache=PageCache.of_kernel(types, lambda: adapter.bias))
+        cache = PageCache.of_kernel(types, lambda: adapter.bias, adapter.linear_bases)
+        return cls(layout, memory, page_cache=cache)
 
     async def maps_for(
         self,

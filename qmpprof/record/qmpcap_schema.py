@@ -117,6 +117,7 @@ def _sample_record(sample: CapturedSample) -> dict[str, Any]:
             "fs_base": regs.fs_base,
             "cs_base": regs.cs_base,
             "isa": regs.isa,
+            "tpidr": regs.tpidr,
         },
         "user_module": raw.user_module,
         "error": raw.error,
@@ -273,6 +274,7 @@ def _registers(regs: dict[str, Any]) -> RegisterSet:
         fs_base=fields.get("fs_base", _u64, 0),
         cs_base=fields.get("cs_base", _u64, 0),
         isa=isa,
+        tpidr=fields.get("tpidr", _u64, 0),
     )
 
 

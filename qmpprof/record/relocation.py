@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from qmpprof.analysis import Analyzer
-from qmpprof.errors import KernelMismatch
+from qmpprof.errors import BadGuestKernel, KernelMismatch
 from qmpprof.guest.linux.adapter import LinuxAdapter
 from qmpprof.guest.linux.kaslr import (
     gate_handler,
@@ -21,6 +21,8 @@ from qmpprof.memory import WindowMemory
 from qmpprof.model import MemoryWindow, RegisterSet
 from qmpprof.modules import Module
 from qmpprof.record.capture import REGISTERS
+from qmpprof.record.guest_kernel import guest_vmcoreinfo
+from qmpprof.target.direct import DirectMemory
 from qmpprof.target.memory import MemoryBackend
 from qmpprof.target.pause import paused
 from qmpprof.target.qmp import QmpSession
@@ -70,6 +72,8 @@ async def kernel_slide_of(
     kernel, adapter = analyzer.kernel, analyzer.adapter
     if kernel is None or not isinstance(adapter, LinuxAdapter):
         return None
+    if isinstance(memory, DirectMemory) and memory.aarch64_roots is not None:
+        return await _arm64_placement(session, memory, kernel, adapter)
     if not memory.through_monitor:
         placed = await _placement(session, memory, kernel, adapter)
         return None if placed is _UNMAPPED else placed
@@ -115,6 +119,25 @@ async def _placement(
             return KernelPlacement(slide, regs.vcpu)
         unmapped = True
     return _UNMAPPED if unmapped else None
+
+
+async def _arm64_placement(
+    session: QmpSession, memory: DirectMemory, kernel: Module, adapter: LinuxAdapter
+) -> KernelPlacement | None:
+    """An arm64 kernel has no IDT: its slide is its VMCOREINFO's (KERNELOFFSET), checked
+    against the ELF's linux_banner where it has one (a kernel read from memory has
+    none: its kallsyms' _stext was checked against VMCOREINFO's already). Raises
+    KernelMismatch."""
+    try:
+        slide = guest_vmcoreinfo(session, memory).kernel_offset
+    except BadGuestKernel:
+        return None
+    registers = parse_all(await session.hmp(REGISTERS))
+    if not registers:
+        return None
+    memory.set_registers(registers)
+    await _check_banner(memory, registers[0], kernel, adapter.banner, slide)
+    return KernelPlacement(slide, registers[0].vcpu)
 
 
 async def _mend_from_running_code(

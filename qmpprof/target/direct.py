@@ -182,6 +182,8 @@ class DirectMemory:
         #: An AArch64 guest's TTBR1_EL1 and TCR_EL1 (read once: target/gdbstub.py), which
         #: its register dump lacks; its TTBR0_EL1 comes as each RegisterSet's `cr3`.
         self.aarch64_roots: tuple[int, int] | None = None
+        #: Its vCPUs' TPIDR_EL1 (target/roots.py), by vCPU index.
+        self.aarch64_tpidr: tuple[int, ...] = ()
 
     def set_registers(self, registers: Iterable[RegisterSet]) -> None:
         """Start a tick: translate with these registers, forgetting every cached

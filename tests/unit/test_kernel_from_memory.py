@@ -207,7 +207,7 @@ def test_a_5_10_vmcoreinfo_names_no_kallsyms_table_and_no_utsname_offset() -> No
 def image_as_ram(info: vmcoreinfo.VmcoreInfo, image: LinkedImage) -> vmcoreinfo.PhysicalRead:
     """Guest physical memory as the kernel `info` describes it, holding the vmlinux's
     own bytes where its image is (the slide and phys_base that VMCOREINFO says)."""
-    to_link = vmcoreinfo.START_KERNEL_MAP - info.phys_base - info.kernel_offset
+    to_link = info.image.delta - info.kernel_offset
     return lambda address, size: image.read(address + to_link, size)
 
 

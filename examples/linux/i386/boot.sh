@@ -94,32 +94,7 @@ args=(-accel tcg -display none -no-reboot -m "$MEMORY" -smp "$smp" -name qmpprof
 [[ -n $gdb_device ]] && args+=(-gdb "$gdb_device")
 [[ -n $membackend ]] && memory_backend "$membackend" "$MEMORY"
 
-attempt=0
-while :; do
-    attempt=$((attempt + 1))
-    rm -f "$serial" "$qmp"
-    [[ -n $gdb_device && $gdb != 127.0.0.1:* ]] && rm -f "$gdb"
-    start=$SECONDS
-    "$QEMU" "${args[@]}" </dev/null >/dev/null || die "QEMU failed to start"
-    pid=$(tr -d ' \n' <"$pidfile")
-    deadline=$((SECONDS + timeout))
-    ready=1
-    until grep -qF "$READY_LINE" "$serial" 2>/dev/null; do
-        # panic=-1 and -no-reboot: a panic ends QEMU. An Oops that leaves the kernel
-        # running shows on the console; it is not trusted either.
-        if ! kill -0 "$pid" 2>/dev/null || ((SECONDS >= deadline)) ||
-            grep -qE 'Kernel panic|Oops:|BUG:' "$serial" 2>/dev/null; then
-            ready=0
-            break
-        fi
-        sleep 0.2
-    done
-    ((ready)) && break
-    "$0" stop "$pid" >/dev/null 2>&1 || true
-    echo "boot.sh: attempt $attempt: guest not ready after $((SECONDS - start))s (serial log: $serial, last line: '$(tail -n 1 "$serial" 2>/dev/null | tr -d '\r')')" >&2
-    ((attempt <= retries)) || die "guest not ready in $attempt attempts"
-    cp "$serial" "$serial.attempt$attempt" 2>/dev/null || true
-done
+boot_until_ready
 
 echo "pid=$pid"
 echo "kernel=${kernel[vmlinux]}"

@@ -34,19 +34,9 @@ APT=(-o "Dir::Etc::SourceList=$lists/sources.list" -o Dir::Etc::SourceParts=/dev
      -o "Dir::State::Lists=$lists/lists" -o "Dir::Cache=$lists/cache"
      -o Dir::State::Status=/dev/null -o APT::Architecture=i386 -o APT::Architectures::=i386)
 
-# update [force]: the i386 package lists, fetched once (again with force). A suite the
-# mirror fails to give (mid-sync) is left out with apt's warning; the others serve.
+# update [force]: the i386 package lists, fetched once (again with force).
 update() {
-    [[ -s $lists/lists/.updated && -z ${1:-} ]] && return 0
-    echo "fetch.sh: fetching bookworm's i386 package lists into $lists" >&2
-    mkdir -p "$lists/lists/partial" "$lists/cache/archives/partial"
-    local suite
-    for suite in "${SUITES[@]}"; do
-        set -- $suite
-        echo "deb [arch=i386 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/$1 $2 $3"
-    done >"$lists/sources.list"
-    apt-get "${APT[@]}" update -qq >&2 || echo "fetch.sh: apt-get update failed in part (above); going on" >&2
-    date >"$lists/lists/.updated"
+    update_lists i386 "$@"
 }
 
 has() {

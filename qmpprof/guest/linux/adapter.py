@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from qmpprof.guest.adapter import NAME_LIMIT, KernelFacts, UserRegisters, task_name
 from qmpprof.guest.dwarf_types import Member
+from qmpprof.guest.linux.page_cache import LinearBases
 from qmpprof.memory import FetchingMemory, MemoryReader, read_word
 from qmpprof.model import IDLE_CONTEXT, MemoryWindow, Process, RegisterSet
 from qmpprof.unwind.orc import PT_REGS
@@ -195,6 +196,8 @@ class LinuxAdapter:
         self._processes: dict[int, tuple[RegisterSet, Process]] = {}
         #: What never changes once the kernel is up, read once (see `_constant`).
         self._constants = BootConstants()
+        #: Where the vmemmap and direct map are, where no variables say (arm64).
+        self.linear_bases: LinearBases | None = None
 
     @classmethod
     def probe(cls, facts: KernelFacts) -> bool:

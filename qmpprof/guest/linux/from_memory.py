@@ -10,7 +10,8 @@ phys_base: no page tables needed):
   data-symbol lookups;
 - the ORC unwind tables, between the `__start_orc_unwind*` / `__stop_orc_unwind*`
   symbols (`__start_orc_header` marks the 6.4 layout);
-- the BTF, between `__start_BTF` and `__stop_BTF`: the struct layouts.
+- the BTF, between `__start_BTF` and `__stop_BTF`, or found by its header where kallsyms
+  has no data symbols (arm64: btf_search.py): the struct layouts.
 
 All of it is placed at link addresses (runtime minus VMCOREINFO's KERNELOFFSET), so the
 kernel is relocated by its slide exactly as a vmlinux is, and the IDT check of the slide
@@ -32,6 +33,14 @@ from qmpprof.guest.adapter import KernelFacts, OsAdapter
 from qmpprof.guest.btf import MAGIC, Btf
 from qmpprof.guest.kernel_types import MemoryTypes
 from qmpprof.guest.linux.adapter import LinuxAdapter
+from qmpprof.guest.linux.arm64 import (
+    PER_CPU_SECTION,
+    PER_CPU_VARIABLES,
+    Arm64LinuxAdapter,
+    LinearMap,
+    per_cpu_search_span,
+)
+from qmpprof.guest.linux.btf_search import find_btf
 from qmpprof.guest.linux.kallsyms import (
     Kallsyms,
     KallsymsBytes,
@@ -40,6 +49,7 @@ from qmpprof.guest.linux.kallsyms import (
     read_tables,
 )
 from qmpprof.guest.linux.kallsyms_search import find_tables
+from qmpprof.guest.linux.page_cache import LinearBases
 from qmpprof.guest.linux.vmcoreinfo import IMAGE_AREA, PhysicalRead, VmcoreInfo
 from qmpprof.memory import MemoryReader, WindowMemory
 from qmpprof.model import KERNEL_HALF, MemoryWindow
@@ -138,11 +148,14 @@ def read_guest_kernel(info: VmcoreInfo, read: PhysicalRead) -> GuestKernel:
     if orc is not None:
         mend_error_entry_returns(orc, code, text, table.extent)
         mend_return_buffer_fills(orc, code, text)
-    module = Module(NAME, PATH, code, CfiTable([]), text, None, info.build_id, table.extent, orc)
+    module = Module(
+        NAME, PATH, code, CfiTable([]), text, None, info.build_id, table.extent, orc, isa=info.isa
+    )
     # Layouts are cached under what they come from: these kallsyms and this BTF.
     digest = hashlib.sha256(key.build_id + hashlib.sha256(btf or b"").digest()).digest()
     types = MemoryTypes(table.variables, _lazy_btf(btf), FileKey(digest[:20], len(btf or b""), 0))
-    adapter = _adapter(table, types)
+    adapter = _arm64_adapter(info, table, types) if info.isa == "aarch64" else None
+    adapter = adapter or _adapter(table, types)
     return GuestKernel(info, module, adapter, types, btf is not None)
 
 
@@ -182,8 +195,9 @@ def _checked_table(
     table = derived(key, _KIND, lambda: _Table.decode(raw, stext, slide), _plain, _table)
     if table.names.find("_stext") != info.link_address(stext):
         raise BadGuestKernel("kallsyms' _stext is not VMCOREINFO's")
-    uts = info.symbol("init_uts_ns")
-    if uts is not None and table.names.find("init_uts_ns") != info.link_address(uts):
+    # Without CONFIG_KALLSYMS_ALL (Debian's arm64) kallsyms has no data symbols.
+    uts, listed = info.symbol("init_uts_ns"), table.names.find("init_uts_ns")
+    if uts is not None and listed is not None and listed != info.link_address(uts):
         raise BadGuestKernel("kallsyms' init_uts_ns is not VMCOREINFO's")
     return table, key
 
@@ -374,10 +388,16 @@ def _orc(image: KernelImage, table: _Table, end: int) -> OrcTable | None:
 
 def _btf_bytes(image: KernelImage, table: _Table) -> bytes | None:
     """The BTF in the kernel's image (`__start_BTF`..`__stop_BTF`), if it has one that
-    starts as BTF does."""
+    starts as BTF does; without those symbols, the first BTF in its read-only data
+    (guest/linux/btf_search.py)."""
     span = _span(table, "__start_BTF", "__stop_BTF")
     if span is None:
-        return None
+        rodata = table.names.find("_etext")
+        if rodata is None:
+            return None
+        init = table.names.find("_sinittext")
+        end = init if init is not None and rodata < init else rodata + MAX_SEARCH
+        return find_btf(image.read_linked, rodata, min(end, rodata + MAX_SEARCH))
     try:
         data = image.read_linked(*span)
     except (MemoryFault, BadGuestKernel):
@@ -403,3 +423,24 @@ def _adapter(table: _Table, types: MemoryTypes) -> OsAdapter:
     wanted = LinuxAdapter.probe_symbols
     facts = KernelFacts(PATH, table.variables(wanted), frozenset(), types)
     return LinuxAdapter.from_facts(facts)
+
+
+def _arm64_adapter(info: VmcoreInfo, table: _Table, types: MemoryTypes) -> OsAdapter | None:
+    """An arm64 kernel's adapter (guest/linux/arm64.py), when its BTF and VMCOREINFO
+    give what it reads."""
+    btf = types.btf()
+    va_bits, phys_offset = info.number("VA_BITS"), info.number("PHYS_OFFSET")
+    uts, init_end = info.symbol("init_uts_ns"), table.names.find("_einittext")
+    if btf is None or va_bits is None or phys_offset is None or uts is None:
+        return None
+    if not 36 <= va_bits <= 52 or init_end is None:
+        return None
+    search = per_cpu_search_span(init_end, info.link_address(uts))
+    per_cpu = btf.section_variables(PER_CPU_SECTION, set(PER_CPU_VARIABLES))
+    page_offset = -(1 << va_bits) % (1 << 64)
+    linear = LinearMap(page_offset, 1 << (va_bits - 1), phys_offset)
+    adapter = None if search is None else Arm64LinuxAdapter.of(types, per_cpu, search, linear)
+    vmemmap = info.number("VMEMMAP_START")
+    if adapter is not None and vmemmap is not None:
+        adapter.linear_bases = LinearBases(vmemmap, page_offset, phys_offset)
+    return adapter

@@ -69,12 +69,14 @@ class PageCacheLayout:
     folio_mapping: int
     folio_index: int
     page_struct: int  # sizeof(struct page): folio.page's size
-    vmemmap_base: int  # the variables' link addresses
+    #: The variables' link addresses (x86-64; 0 where the bases are LinearBases').
+    vmemmap_base: int
     page_offset_base: int
 
     @classmethod
-    def from_kernel(cls, types: KernelTypes) -> PageCacheLayout | None:
-        layout = types.layout(_VARIABLES, _STRUCTS, _MEMBERS)
+    def from_kernel(cls, types: KernelTypes, fixed: bool = False) -> PageCacheLayout | None:
+        """`fixed`: the bases come from LinearBases, not variables."""
+        layout = types.layout(set() if fixed else _VARIABLES, _STRUCTS, _MEMBERS)
         s, v = layout.structs, layout.variables
         try:
             if "folio" in s:
@@ -87,8 +89,8 @@ class PageCacheLayout:
                 entry["mapping"].offset,
                 entry["index"].offset,
                 page_struct or 0,
-                v["vmemmap_base"],
-                v["page_offset_base"],
+                0 if fixed else v["vmemmap_base"],
+                0 if fixed else v["page_offset_base"],
             )
         except KeyError:
             return None
@@ -101,18 +103,37 @@ class PageCacheLayout:
 
 
 @functools.lru_cache(maxsize=4)
-def page_cache_layout(types: KernelTypes) -> PageCacheLayout | None:
+def page_cache_layout(types: KernelTypes, fixed: bool = False) -> PageCacheLayout | None:
     """The layout in the vmlinux at `path`; None when it lacks a part (a kernel built
     without CONFIG_RANDOMIZE_MEMORY has no base variables)."""
-    return PageCacheLayout.from_kernel(types)
+    return PageCacheLayout.from_kernel(types, fixed)
 
 
 @dataclass(frozen=True)
 class MemoryBases:
-    """Where this boot put the vmemmap array and the direct map."""
+    """Where this boot put the vmemmap array and the direct map: the struct page of
+    page frame 0, and the address of physical address 0 (where they would be)."""
 
     vmemmap: int
     direct_map: int
+
+
+@dataclass(frozen=True)
+class LinearBases:
+    """arm64's bases, which follow from VMCOREINFO's numbers (arch/arm64/include/asm/
+    memory.h): the vmemmap starts at VMEMMAP_START with the page of PHYS_OFFSET, the
+    linear map at PAGE_OFFSET with PHYS_OFFSET."""
+
+    vmemmap_start: int
+    page_offset: int
+    phys_offset: int
+
+    def bases(self, page_struct: int) -> MemoryBases:
+        first = self.phys_offset // PAGE_SIZE * page_struct
+        wrap = 1 << 64
+        return MemoryBases(
+            (self.vmemmap_start - first) % wrap, (self.page_offset - self.phys_offset) % wrap
+        )
 
 
 def memory_bases(memory: MemoryReader, layout: PageCacheLayout, slide: int) -> MemoryBases | None:

@@ -5,8 +5,9 @@ CONFIG_VMCORE_INFO: every distribution kernel), in two page-aligned copies anywh
 RAM: the bare text (it starts with `OSRELEASE=`) and an ELF note (`VMCOREINFO` as its
 name, the text as its descriptor). QEMU has no command that returns it, so qmpprof
 looks at page starts (`page_text`). It names the release, the GNU build-id of the
-vmlinux, the KASLR slide (`KERNELOFFSET`), `phys_base` (where the kernel image lies in
-physical memory) and, since 6.0, where the kallsyms tables are.
+vmlinux, the KASLR slide (`KERNELOFFSET`), where the kernel image lies in physical
+memory (x86-64: `phys_base`; arm64: `kimage_voffset`, the distance from an image address
+to its physical one) and, since 6.0, where the kallsyms tables are.
 
 RAM outlives a reset, so a copy from an earlier boot can still be found, and the guest
 may write anything there: a candidate is used only once `check` has found its release
@@ -23,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from qmpprof.errors import BadGuestKernel, MemoryFault
+from qmpprof.model import KERNEL_HALF
 from qmpprof.visible import visible
 
 PAGE_SIZE = 4096
@@ -30,9 +32,13 @@ PAGE_SIZE = 4096
 MAX_TEXT = PAGE_SIZE
 #: Where x86-64 Linux maps its image: virtual = physical - phys_base + this.
 START_KERNEL_MAP = 0xFFFF_FFFF_8000_0000
-#: The kernel image area (KERNEL_IMAGE_SIZE's ceiling) and the slide's alignment.
+#: The kernel image area (KERNEL_IMAGE_SIZE's ceiling) and the slide's alignment (both
+#: architectures: arm64 aligns its image to MIN_KIMG_ALIGN, 2 MiB).
 IMAGE_AREA = 1 << 30
 SLIDE_ALIGN = 0x20_0000
+#: The largest arm64 slide: KASLR moves the image within the vmalloc area, at most a
+#: quarter of a 52-bit address space.
+MAX_ARM64_SLIDE = 1 << 50
 #: The ELF note's header: namesz, descsz, type, then "VMCOREINFO\0" padded to 12 bytes.
 _NOTE = struct.Struct("<III12s")
 _NOTE_NAME = b"VMCOREINFO\0\0"
@@ -51,15 +57,35 @@ PhysicalRead = Callable[[int, int], bytes]
 
 
 @dataclass(frozen=True)
+class ImageMapping:
+    """How a kernel maps its image: the `size` bytes from `start` (runtime addresses)
+    lie at physical address = address - `delta`."""
+
+    start: int
+    size: int
+    delta: int
+
+    def physical(self, address: int) -> int:
+        """Raises BadGuestKernel for an address outside the image."""
+        if not self.start <= address < self.start + self.size:
+            raise BadGuestKernel(f"VMCOREINFO names {address:#x}, outside the kernel image")
+        physical = address - self.delta
+        if physical < 0:
+            raise BadGuestKernel(f"VMCOREINFO puts {address:#x} below physical address 0")
+        return physical
+
+
+@dataclass(frozen=True)
 class VmcoreInfo:
     """What one VMCOREINFO text says, parsed; `values` keeps every line."""
 
     release: str
     build_id: bytes | None
     kernel_offset: int
-    #: Signed: where the image lies physically less how far KASLR moved it virtually.
-    phys_base: int
+    image: ImageMapping
     values: dict[str, str] = field(repr=False)
+    #: The instruction set: "x86_64" or "aarch64" (arm64 gives kimage_voffset).
+    isa: str = "x86_64"
 
     def symbol(self, name: str) -> int | None:
         """`SYMBOL(name)`: a runtime (slid) address; None when absent or not hex."""
@@ -76,12 +102,7 @@ class VmcoreInfo:
     def physical(self, address: int) -> int:
         """The physical address of a kernel image address (text, rodata, data, bss).
         Raises BadGuestKernel for an address outside the image's mapping."""
-        if not START_KERNEL_MAP <= address < START_KERNEL_MAP + IMAGE_AREA:
-            raise BadGuestKernel(f"VMCOREINFO names {address:#x}, outside the kernel image")
-        physical = address - START_KERNEL_MAP + self.phys_base
-        if physical < 0:
-            raise BadGuestKernel(f"VMCOREINFO puts {address:#x} below physical address 0")
-        return physical
+        return self.image.physical(address)
 
     def link_address(self, address: int) -> int:
         """Where the vmlinux links what the guest has at `address`."""
@@ -104,23 +125,50 @@ def page_text(page: bytes) -> bytes | None:
 
 def parse(text: bytes) -> VmcoreInfo:
     """The lines of a VMCOREINFO text. Raises BadGuestKernel when it lacks what qmpprof
-    needs (release, KERNELOFFSET, phys_base) or they are out of range."""
+    needs (release, KERNELOFFSET, where the image lies) or they are out of range."""
     values: dict[str, str] = {}
     for line in text[:MAX_TEXT].split(b"\n"):
         match = _LINE.match(line)
         if match is not None:
             values.setdefault(match.group(1).decode(), match.group(2).decode())
     release = values.get("OSRELEASE", "")
-    offset, phys_base = _hex(values.get("KERNELOFFSET")), _number(values.get("NUMBER(phys_base)"))
-    if not release or offset is None or phys_base is None:
-        raise BadGuestKernel("VMCOREINFO without OSRELEASE, KERNELOFFSET or NUMBER(phys_base)")
-    if offset % SLIDE_ALIGN or offset >= IMAGE_AREA or abs(phys_base) >= _PHYSICAL_LIMIT:
-        raise BadGuestKernel(f"VMCOREINFO of {visible(release)}: no slide or phys_base of a kernel")
+    offset = _hex(values.get("KERNELOFFSET"))
+    if not release or offset is None:
+        raise BadGuestKernel("VMCOREINFO without OSRELEASE or KERNELOFFSET")
+    arm64 = "NUMBER(kimage_voffset)" in values
+    image = _arm64_image(values, offset) if arm64 else _x86_image(values, offset)
+    if image is None:
+        raise BadGuestKernel(f"VMCOREINFO of {visible(release)}: no slide or image of a kernel")
     build_id = values.get("BUILD-ID", "")
     valid_id = re.fullmatch(r"[0-9a-f]{40}", build_id) is not None
-    return VmcoreInfo(
-        release, bytes.fromhex(build_id) if valid_id else None, offset, phys_base, values
-    )
+    identity = bytes.fromhex(build_id) if valid_id else None
+    return VmcoreInfo(release, identity, offset, image, values, "aarch64" if arm64 else "x86_64")
+
+
+def _x86_image(values: dict[str, str], offset: int) -> ImageMapping | None:
+    """x86-64's image: START_KERNEL_MAP onward, physically `phys_base` (signed: where
+    the image lies physically less how far KASLR moved it virtually) up."""
+    phys_base = _number(values.get("NUMBER(phys_base)"))
+    if phys_base is None:
+        raise BadGuestKernel("VMCOREINFO without NUMBER(phys_base) or NUMBER(kimage_voffset)")
+    if offset % SLIDE_ALIGN or offset >= IMAGE_AREA or abs(phys_base) >= _PHYSICAL_LIMIT:
+        return None
+    return ImageMapping(START_KERNEL_MAP, IMAGE_AREA, START_KERNEL_MAP - phys_base)
+
+
+def _arm64_image(values: dict[str, str], offset: int) -> ImageMapping | None:
+    """arm64's image: from the 2 MiB below `_stext` (where the image starts: its header,
+    then text), physically `kimage_voffset` below its runtime addresses."""
+    voffset = _number(values.get("NUMBER(kimage_voffset)"))
+    stext = _hex(values.get("SYMBOL(_stext)"))
+    if voffset is None or stext is None or stext < KERNEL_HALF:
+        raise BadGuestKernel("VMCOREINFO without NUMBER(kimage_voffset) or a kernel _stext")
+    if offset % SLIDE_ALIGN or offset >= MAX_ARM64_SLIDE:
+        return None
+    start = stext - stext % SLIDE_ALIGN
+    if not 0 <= start - voffset < _PHYSICAL_LIMIT:
+        return None
+    return ImageMapping(start, IMAGE_AREA, voffset)
 
 
 def check(info: VmcoreInfo, read: PhysicalRead) -> None:
