@@ -207,6 +207,13 @@ class AddressSpace:
         found = self.symbols_at(address)
         return found is not None and found[0].starts_at(address - found[1])
 
+    def function_start(self, address: int) -> int | None:
+        """Where the symbol around `address` (an enclosing function's, not a label's)
+        starts, in the module mapped there."""
+        found = self.symbols_at(address)
+        named = found[0].lookup(address - found[1]) if found is not None else None
+        return None if named is None else address - named[1]
+
     def symbols_at(self, address: int) -> tuple[SymbolTable, int] | None:
         """The symbols of the module mapped at `address` and its bias (SymbolSource)."""
         mapping = self.mapping_at(address)

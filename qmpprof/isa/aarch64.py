@@ -65,6 +65,12 @@ _RETAA = 0xD65F0BFF
 #: `stp x29, x30, [sp, #-n]!`: any n (the imm7 field masked out).
 _STP_FRAME_MASK, _STP_FRAME = 0xFFC07FFF, 0xA9807BFD
 _MOV_X29_SP = 0x910003FD
+#: `add x29, sp, #imm` (any imm12, unshifted): a frame record placed above the locals.
+_ADD_X29_SP_MASK, _ADD_X29_SP = 0xFFC003FF, 0x910003FD
+#: `ldp x29, x30, [sp], #n` (post-index, any n): the record popped.
+_LDP_FRAME_MASK, _LDP_FRAME = 0xFFC07FFF, 0xA8C07BFD
+#: The most code read between a leaf's function start and its pc (1,024 instructions).
+MAX_PROLOGUE_SCAN = 4096
 
 
 _WFI = 0xD503207F
@@ -85,10 +91,12 @@ def _instruction(code: MemoryReader, address: int) -> int | None:
         return None
 
 
-def _leaf_caller_in_lr(code: MemoryReader | None, pc: int) -> bool | None:
+def _leaf_caller_in_lr(code: MemoryReader | None, pc: int, start: int | None) -> bool | None:
     """Where a leaf keeps its caller: True in LR (before `stp x29, x30` stored the
-    frame record, or at the `ret` after it was popped), False in a frame record at SP
-    (the record stored, x29 not yet pointing at it), None: where x29 says."""
+    frame record, at the `ret` after it was popped, or anywhere in a function that sets
+    up no record before `pc`: GCC's leaf functions have none), False in a frame record
+    at SP (the record stored, x29 not yet pointing at it), None: where x29 says.
+    `start`: where the function starts, when a symbol says."""
     if code is None:
         return None
     word = _instruction(code, pc)
@@ -96,9 +104,28 @@ def _leaf_caller_in_lr(code: MemoryReader | None, pc: int) -> bool | None:
         return True
     if word is not None and word & _STP_FRAME_MASK == _STP_FRAME:
         return True
-    if word == _MOV_X29_SP and (_instruction(code, pc - 4) or 0) & _STP_FRAME_MASK == _STP_FRAME:
+    before = _instruction(code, pc - 4) or 0
+    if word == _MOV_X29_SP and before & _STP_FRAME_MASK == _STP_FRAME:
         return False
+    if before & _LDP_FRAME_MASK == _LDP_FRAME:
+        return True  # popped: x29 is the caller's again, its return address in LR
+    if start is not None and 0 < pc - start <= MAX_PROLOGUE_SCAN and not pc % 4:
+        return _sets_no_record(code, start, pc)
     return None
+
+
+def _sets_no_record(code: MemoryReader, start: int, pc: int) -> bool | None:
+    """Whether the code from `start` to `pc` never points x29 at a frame record (True:
+    the caller is in LR); None when it cannot be read."""
+    try:
+        words = code.read(start, pc - start)
+    except MemoryFault:
+        return None
+    for at in range(0, len(words), 4):
+        word = int.from_bytes(words[at : at + 4], "little")
+        if word & _ADD_X29_SP_MASK == _ADD_X29_SP:  # mov x29, sp is add x29, sp, #0
+            return None
+    return True
 
 
 #: BL imm26; BLR Xn; BLRAA/BLRAB Xn, Xm and BLRAAZ/BLRABZ Xn (pointer authentication):
@@ -124,6 +151,7 @@ def frame_step(
     code: MemoryReader | None,
     word: int,
     at_entry: bool,
+    start: int | None = None,
 ) -> tuple[Registers, Progress]:
     """One frame record up (x29's chain); a leaf whose record is not set up (or is
     popped) returns to LR, with the stack it has. From the kernel's stack to the lower
@@ -132,7 +160,8 @@ def frame_step(
     sp, fp = regs[STACK_POINTER], regs[FRAME_POINTER]
     if sp is None or fp is None:
         raise StopUnwind(StopReason.NO_UNWIND_INFO)
-    where = True if leaf and at_entry else _leaf_caller_in_lr(code, regs[PC] or 0) if leaf else None
+    pc = regs[PC] or 0
+    where = True if leaf and at_entry else _leaf_caller_in_lr(code, pc, start) if leaf else None
     caller: Registers = [None] * REGISTER_COUNT
     for register in CALLEE_SAVED:
         caller[register] = regs[register]

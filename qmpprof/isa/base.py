@@ -33,9 +33,11 @@ class FrameStep(Protocol):
         code: MemoryReader | None,
         word: int,
         at_entry: bool,
+        start: int | None = None,
     ) -> tuple[Registers, Progress]:
         """The caller's registers by the frame-pointer convention, and where its stack
-        may lie. Raises StopUnwind."""
+        may lie; `start`: where a leaf's function starts, when a symbol says. Raises
+        StopUnwind."""
         ...
 
 

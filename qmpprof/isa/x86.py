@@ -52,6 +52,7 @@ def frame_step(
     code: MemoryReader | None,
     word: int,
     at_entry: bool,
+    start: int | None = None,
 ) -> tuple[Registers, Progress]:
     """The RBP chain's step (framepointer.py); a leaf not framed yet (or any more) is
     recognised by its code bytes, or is at its function's entry (`at_entry`)."""

@@ -260,13 +260,14 @@ class Capturer:
             return self._analyzer.examine(RawSample(now, regs, error=error)).sample
         user_module = await self._identifier.identify(regs)
         window = await self._stack_window(regs)
-        if window is None:
+        if window is None and regs.isa != "aarch64":  # AArch64's: see _copied
             # The task may still be read: Linux's entry code borrows RSP as a scratch
             # register while it switches page tables (PTI).
             error = f"stack unreadable at sp={regs.sp:#x}"
             raw = RawSample(now, regs, user_module=user_module, error=error)
         else:
-            raw = RawSample(now, regs, (window,), user_module, file_maps=self._maps_guess(regs))
+            windows = (window,) if window is not None else ()
+            raw = RawSample(now, regs, windows, user_module, file_maps=self._maps_guess(regs))
         return await self._examined(raw, self._complete)
 
     async def _examined(
@@ -291,7 +292,10 @@ class Capturer:
         fetch = window_fetch(self._memory.reader(regs.vcpu).read_prefix)
         copy = FetchingMemory([window] if window else [], fetch, MAX_LIVE_FETCHES)
         copied = self._copy_task_memory(regs, window, copy)
-        error = None if window else f"stack unreadable at sp={regs.sp:#x}"
+        # An AArch64 vCPU's caller may be in LR and x29 with nothing on its stack (a
+        # leaf at an empty stack's top: call_on_irq_stack's callee on the IRQ stack).
+        unwinds = window is not None or regs.isa == "aarch64"
+        error = None if unwinds else f"stack unreadable at sp={regs.sp:#x}"
         raw = RawSample(now, regs, tuple(copy.windows), user_module, error, self._maps_guess(regs))
         # Stacks the OS adapter cannot name: unwind now, from what was read so far.
         return raw if copied else await self._examined(raw, self._complete)

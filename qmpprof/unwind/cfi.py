@@ -178,6 +178,10 @@ class CfiTable:
         """A table alone knows no symbols (unwind.unwinder.CfiLookup)."""
         return False
 
+    def function_start(self, address: int) -> int | None:
+        """A table alone knows no symbols (unwind.unwinder.CfiLookup)."""
+        return None
+
     def word_size(self, address: int) -> int | None:
         """A table alone knows no module's word (unwind.unwinder.CfiLookup): the
         unwind's own `word` applies to its frame-pointer steps."""

@@ -67,6 +67,11 @@ class CfiLookup(Protocol):
         at RSP, as GDB assumes where no table describes the code)."""
         ...
 
+    def function_start(self, address: int) -> int | None:
+        """Where the function (by its symbol) around `address` starts; None where no
+        symbol is known."""
+        ...
+
     def word_size(self, address: int) -> int | None:
         """The word (8 or 4 bytes) of the code at `address`, from its module's ELF
         class; None where no module is known (the unwind's `word` applies)."""
@@ -178,7 +183,8 @@ def _step(
     if strategy is Strategy.CFI:
         raise _Stop(StopReason.NO_UNWIND_INFO)
     at_entry = leaf and cfi is not None and cfi.starts_function(pc)
-    caller = _fp_step(regs, leaf, memory, code, word, at_entry, isa)
+    start = cfi.function_start(pc) if leaf and cfi is not None else None
+    caller = _fp_step(regs, leaf, memory, code, word, at_entry, isa, start)
     return caller, False, Recovery.FRAME_POINTER
 
 
@@ -281,8 +287,9 @@ def _fp_step(
     word: int,
     at_entry: bool,
     isa: Isa,
+    start: int | None = None,
 ) -> list[int | None]:
-    caller, progress = isa.frame_step(regs, leaf, memory, code, word, at_entry)
+    caller, progress = isa.frame_step(regs, leaf, memory, code, word, at_entry, start)
     other_stack = progress is Progress.OTHER_STACK
     _check_progress(regs, caller, other_stack, progress is Progress.UP_OR_SAME)
     return caller

@@ -352,6 +352,9 @@ class _ThunkCfi:
     def starts_function(self, address: int) -> bool:
         return address == self._thunk.address
 
+    def function_start(self, address: int) -> int | None:
+        return None
+
     def word_size(self, address: int) -> int | None:
         return None
 

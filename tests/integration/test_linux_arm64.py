@@ -1,0 +1,213 @@
+"""qmpprof against Debian's arm64 Linux (examples/linux/aarch64: the 6.1 cloud kernel, KASLR
+on, 2 vCPUs, the x86 guest's workloads cross-built) **with no files at all**, GDB the oracle.
+
+With GDB holding the guest stopped at seeded random points, `qmpprof dump --json` (no
+--kernel, no --user, no debuginfod) must give each vCPU:
+- the class GDB's stub gives it: idle where its thread list says halted, else kernel at
+  EL1 and user at EL0 (CPSR's M[3:2]);
+- the task: its thread id is CONTEXTIDR_EL1 (Debian's kernels keep the running task's
+  pid there, CONFIG_PID_IN_CONTEXTIDR), its name the program init said it started
+  with that pid;
+- the frames GDB lists (gdb-multiarch given the -dbg vmlinux at the slide the guest's
+  /proc/kallsyms says, and a static program's own ELF), frame for frame: the same
+  addresses and, where GDB names one, the same function (GCC's clone suffixes aside;
+  the vmlinux's inlined calls, which kallsyms cannot know, collapsed into their
+  caller). Judging stops after the first frame of the exception entry code (GDB has no
+  CFI there and guesses on) and at the first frame GDB cannot name (dynwork's PIE and
+  libc.so.6, whose load addresses GDB is not told): frames beyond where GDB stops count
+  as agreeing.
+
+Three boots: `-cpu max,pauth=off` with four busy programs on the 2 vCPUs, the same with
+one program and a sleeper (idle vCPUs), and `-cpu max`, where the kernel and the
+workloads sign their return addresses: QEMU 7.2 does not tell GDB about pointer
+authentication, so GDB stops at the first signed one, and its frames are judged up to
+there (that frame's address with the signature taken off; qmpprof strips them all).
+QMPPROF_ARM64_LINUX_PAUSES pauses (`make linux-arm64-oracle` runs 100 on every kernel).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import run_cached
+from tests.integration.gdb_mi import GdbFrame, GdbMi, same_function, text_aliases
+from tests.integration.test_gdb_agreement_aarch64 import up_to_first_signed
+from tests.linux_vm import LinuxGuest, started_pids
+from tests.linux_vm_aarch64 import BUILD, aarch64_kernel_slide, running_linux_aarch64
+from tests.seeds import seeded
+
+pytestmark = pytest.mark.integration
+
+PAUSES = int(os.environ.get("QMPPROF_ARM64_LINUX_PAUSES", "12"))
+ABI = os.environ.get("QMPPROF_ARM64_LINUX_ABI", "6.1.0-50-cloud-arm64")
+WORKLOADS = "crunch,sysloop,pinned,dynwork"
+#: The programs GDB is given (static, at their link addresses).
+STATIC = ("crunch", "sysloop", "pinned")
+HALTED = re.compile(r"CPU#(\d+) \[halted ?\]")
+#: Entry code: GDB has no CFI for it, judging ends after its first frame.
+ENTRY = re.compile(r"^(vectors|el[01][th]_64_\w+|ret_to_\w+|call_on_irq_stack)$")
+#: The share of samples of each class identical to GDB's (the issue's bar: 98 %).
+MIN_AGREEING = 0.98
+
+
+@dataclass
+class Tally:
+    judged: Counter[str]
+    agreeing: Counter[str]
+    failures: list[str]
+
+    def add(self, kind: str, problem: str | None) -> None:
+        self.judged[kind] += 1
+        if problem is None:
+            self.agreeing[kind] += 1
+        else:
+            self.failures.append(f"{kind}: {problem}")
+
+
+#: Each configuration: the CPU (whether return addresses are signed) and the workloads
+#: (4 busy programs on 2 vCPUs, or 1 and a sleeper: idle vCPUs).
+CONFIGURATIONS = {
+    "busy": ("max,pauth=off", WORKLOADS),
+    "idle": ("max,pauth=off", "sysloop,sleeper"),
+    "signed": ("max", WORKLOADS),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGURATIONS))
+def arm64_guest(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[LinuxGuest, GdbMi]]:
+    workdir = tmp_path_factory.mktemp("linux-arm64")
+    gdb_socket = str(workdir / "gdb.sock")
+    cpu, workloads = CONFIGURATIONS[request.param]
+    boot = ("--gdb", gdb_socket, "--cpu", cpu, "--workloads", workloads)
+    with running_linux_aarch64(workdir, *boot, abi=ABI) as guest:
+        dump(guest)  # the roots, read from the free gdbstub, remembered for GDB's time
+        gdb = GdbMi(
+            guest.kernel,
+            gdb_socket,
+            timeout=300,
+            offset=aarch64_kernel_slide(guest),
+            architecture="aarch64",
+        )
+        try:
+            yield guest, gdb
+        finally:
+            gdb.close()
+
+
+def dump(guest: LinuxGuest) -> list[dict[str, Any]]:
+    """`qmpprof dump --json` with no file of any kind."""
+    done = run_cached(
+        "dump", "--json", "--qmp-socket", guest.qmp, env={"DEBUGINFOD_URLS": ""}, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert "from guest memory" in done.stderr, done.stderr
+    vcpus: list[dict[str, Any]] = json.loads(done.stdout)["vcpus"]
+    return vcpus
+
+
+def collapsed(frames: list[GdbFrame]) -> list[GdbFrame]:
+    """GDB's frames with each inlined call folded into the function it was inlined in
+    (an inlined frame has its caller's address)."""
+    kept = []
+    for index, frame in enumerate(frames):
+        following = frames[index + 1] if index + 1 < len(frames) else None
+        if following is None or following.address != frame.address:
+            kept.append(frame)
+    return kept
+
+
+def gdb_stack(gdb: GdbMi, thread: int, program: str | None) -> list[GdbFrame]:
+    """GDB's frames through the first it reached by a signed return address, if any (its
+    signature taken off: GDB cannot, and names no function there)."""
+    if program in STATIC:
+        with gdb.symbols_from(BUILD / str(program)):
+            frames = gdb.frames(thread)
+    else:
+        frames = gdb.frames(thread)
+    return collapsed(up_to_first_signed(frames)[0])
+
+
+def frame_problem(
+    gdb: list[GdbFrame], ours: list[tuple[int, str | None]], aliases: dict[str, str]
+) -> str | None:
+    """Why `ours` is not GDB's stack as far as GDB can tell it (None: it is)."""
+    for index, frame in enumerate(gdb):
+        named = frame.function not in (None, "??")
+        if index and not named:
+            return None  # where GDB cannot name a frame, its unwind guesses on
+        if index >= len(ours):
+            return f"frame {index} missing: GDB has {frame}"
+        address, name = ours[index]
+        if address != frame.address:
+            return f"frame {index}: {address:#x} {name}, GDB {frame.address:#x} {frame.function}"
+        if named and same_function(name, aliases) != same_function(frame.function, aliases):
+            return f"frame {index} at {address:#x}: {name}, GDB {frame.function}"
+        if named and ENTRY.match(str(frame.function)):
+            return None
+    return None
+
+
+def pause(gdb: GdbMi, rng: random.Random) -> None:
+    gdb.resume()
+    time.sleep(rng.uniform(0.001, 0.08))  # chooses where to pause; not a synchronisation
+    gdb.interrupt()
+
+
+def test_no_file_dumps_agree_with_gdb(arm64_guest: tuple[LinuxGuest, GdbMi]) -> None:
+    guest, gdb = arm64_guest
+    pids = started_pids(Path(guest.serial).read_text(errors="replace"))
+    programs = {pid: name for name, pid in pids.items()}
+    aliases = text_aliases(guest.kernel, *(BUILD / name for name in STATIC))
+    rng = seeded("linux-arm64")
+    tally = Tally(Counter(), Counter(), [])
+    for _ in range(PAUSES):
+        pause(gdb, rng)
+        halted = {int(n) for n in HALTED.findall("".join(gdb.console("info threads")))}
+        ours = dump(guest)
+        for vcpu in ours:
+            index = int(vcpu["vcpu"])
+            judge(gdb, index, vcpu, index in halted, programs, aliases, tally)
+    print(f"\nagreeing with GDB, by class: {dict(tally.agreeing)} of {dict(tally.judged)}")
+    for failure in tally.failures:
+        print(f"  {failure}")
+    for kind, judged in tally.judged.items():
+        assert tally.agreeing[kind] >= MIN_AGREEING * judged, tally.failures
+
+
+def judge(
+    gdb: GdbMi,
+    index: int,
+    vcpu: dict[str, Any],
+    halted: bool,
+    programs: dict[int, str],
+    aliases: dict[str, str],
+    tally: Tally,
+) -> None:
+    thread = index + 1
+    registers = gdb.registers(thread)
+    el = int(registers["cpsr"], 16) >> 2 & 3
+    kind = "idle" if halted else ("user" if el == 0 else "kernel")
+    assert vcpu["mode"] == kind, (vcpu, registers["cpsr"], halted)
+    tid = int(registers["CONTEXTIDR_EL1"], 16)
+    process = vcpu.get("process") or {}
+    program = programs.get(tid)
+    if kind != "idle":
+        assert process.get("tid") == tid, (vcpu["process"], tid)
+        assert program is None or process.get("name") == program, (process, program)
+    frames = [(int(f["address"], 16), f["function"]) for f in vcpu["frames"]]
+    expected = gdb_stack(gdb, thread, program if kind == "user" else None)
+    problem = frame_problem(expected, frames, aliases)
+    tally.add(kind, problem and f"{process.get('name')} {problem}")
