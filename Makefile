@@ -17,7 +17,7 @@ APT_PACKAGES := $(DEMO_APT_PACKAGES) gdb tmux dwarves debuginfod libarchive-tool
 TOOLS := $(DEMO_TOOLS) gdb tmux pahole debuginfod bsdtar perf libvirtd virtlogd virsh virt-qemu-qmp-proxy /etc/init.d/libvirtd /usr/lib/python3/dist-packages/libvirt.py /boot/memtest86+x64.bin qemu-system-aarch64 gdb-multiarch aarch64-linux-gnu-gcc /usr/lib/u-boot/qemu_arm64/u-boot.bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help demo test unit integration fuzz mutants bench kaslr-bench serve-soak lint format deps demo-deps system-deps demo-system-deps guest guest-aarch64 linux-guest linux-guest-aarch64 linux-oracle i386-oracle aarch64-oracle consumers clean
+.PHONY: help demo test unit integration fuzz mutants bench kaslr-bench serve-soak lint format deps demo-deps system-deps demo-system-deps guest guest-aarch64 linux-guest linux-guest-aarch64 linux-oracle linux-arm64-oracle i386-oracle aarch64-oracle consumers clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -149,6 +149,15 @@ ARM64_TEST_ABI := 6.1.0-50-cloud-arm64
 linux-guest-aarch64:  ## fetch Debian's arm64 6.1 cloud kernel + debug vmlinux and arm64 libc6 (+ -dbg) once (~/.cache/qmpprof, ~300 MB), build the AArch64 Linux guest's initramfs and sysroot
 	bash examples/linux/aarch64/fetch.sh $(ARM64_TEST_ABI) >/dev/null
 	$(MAKE) -s -C examples/linux/aarch64
+
+#: Pauses per arm64 kernel and configuration under `make linux-arm64-oracle`.
+ARM64_ORACLE_PAUSES ?= 100
+
+linux-arm64-oracle: deps linux-guest-aarch64  ## qmpprof with no files vs GDB on every Debian arm64 kernel (6.1 generic and cloud, 6.12; ~2.3 GB fetched once), ARM64_ORACLE_PAUSES pauses per configuration
+	bash examples/linux/aarch64/fetch.sh --all >/dev/null
+	failed=0; for abi in $$(bash examples/linux/aarch64/fetch.sh --list); do \
+		QMPPROF_ARM64_LINUX_ABI=$$abi QMPPROF_ARM64_LINUX_PAUSES=$(ARM64_ORACLE_PAUSES) \
+		$(BIN)/pytest -q -s tests/integration/test_linux_arm64.py || failed=1; done; exit $$failed
 
 #: Pauses per kernel and KASLR setting under `make linux-oracle` (each ~10 s).
 ORACLE_PAUSES ?= 100

@@ -78,7 +78,7 @@ class WordReader(PhysicalReader, Protocol):
 
 class PagingMode(Enum):
     """How a vCPU translates virtual addresses: x86's from CR0.PG, CR4.PAE/LA57 and
-    EFER.LMA; AArch64's 4 KiB granule with 48-bit addresses."""
+    EFER.LMA; AArch64's 4 KiB granule with 48-bit or (LPA2) 52-bit addresses."""
 
     DISABLED = "disabled"
     LEGACY = "32-bit"
@@ -86,6 +86,8 @@ class PagingMode(Enum):
     LONG4 = "4-level"
     LONG5 = "5-level"
     AARCH64_4K_48 = "aarch64-4k-48"
+    #: FEAT_LPA2's 52-bit addresses with the 4 KiB granule (TCR_EL1.DS): a fifth level.
+    AARCH64_4K_52 = "aarch64-4k-52"
 
 
 class UnsupportedPaging(Exception):
@@ -161,23 +163,28 @@ class Aarch64PagingState:
     @property
     def mode(self) -> PagingMode:
         """Raises UnsupportedPaging for a granule or address size not walked here."""
-        if self.tcr:
-            t0sz, t1sz = self.tcr & 0x3F, (self.tcr >> 16) & 0x3F
-            tg0, tg1 = (self.tcr >> 14) & 3, (self.tcr >> 30) & 3
-            if (t0sz, t1sz) != (16, 16) or tg0 != _TG0_4K or tg1 != _TG1_4K:
-                raise UnsupportedPaging(
-                    f"AArch64 translation with T0SZ={t0sz} T1SZ={t1sz} TG0={tg0} TG1={tg1}:"
-                    " only the 4 KiB granule with 48-bit addresses is walked"
-                )
-        return PagingMode.AARCH64_4K_48
+        if not self.tcr:
+            return PagingMode.AARCH64_4K_48
+        t0sz, t1sz = self.tcr & 0x3F, (self.tcr >> 16) & 0x3F
+        tg0, tg1 = (self.tcr >> 14) & 3, (self.tcr >> 30) & 3
+        lpa2 = bool(self.tcr >> _TCR_DS & 1)
+        if tg0 == _TG0_4K and tg1 == _TG1_4K:
+            if (t0sz, t1sz) == (16, 16):
+                return PagingMode.AARCH64_4K_48
+            if (t0sz, t1sz) == (12, 12) and lpa2:
+                return PagingMode.AARCH64_4K_52
+        raise UnsupportedPaging(
+            f"AArch64 translation with T0SZ={t0sz} T1SZ={t1sz} TG0={tg0} TG1={tg1} DS={lpa2:d}:"
+            " only the 4 KiB granule with 48-bit or (LPA2) 52-bit addresses is walked"
+        )
 
     @property
     def root(self) -> int:
-        return (self.ttbr0 or 0) & _A64_TABLE_ADDRESS
+        return (self.ttbr0 or 0) & _A64_ROOT_ADDRESS
 
     @property
     def upper_root(self) -> int:
-        return self.ttbr1 & _A64_TABLE_ADDRESS
+        return self.ttbr1 & _A64_ROOT_ADDRESS
 
     @property
     def entries(self) -> EntryFormat:
@@ -185,9 +192,15 @@ class Aarch64PagingState:
 
 
 _TG0_4K, _TG1_4K = 0, 2
+#: TCR_EL1.DS: LPA2's 52-bit addresses with the 4 KiB granule.
+_TCR_DS = 59
 #: A table's address in TTBRn_EL1 (the ASID above, CnP below) and in a descriptor
 #: (bits 47..12; above them the upper attributes: GP, DBM, contiguous, PXN, UXN).
 _A64_TABLE_ADDRESS = 0x0000_FFFF_FFFF_F000
+#: A top-level table's address in TTBRn_EL1: LPA2's level -1 table has 16 entries, 64-byte
+#: aligned (Linux allocates its user ones from a cache: 0x442b9e80); bits 5..2 hold
+#: address bits 51..48 there (not read: tables lie below 2^48 here), bit 0 CnP.
+_A64_ROOT_ADDRESS = 0x0000_FFFF_FFFF_FFC0
 _A64_BLOCK_1G = _A64_TABLE_ADDRESS & ~((1 << 30) - 1)
 _A64_BLOCK_2M = _A64_TABLE_ADDRESS & ~((1 << 21) - 1)
 #: Descriptor bits: 0 valid; 1, above the last level, a table (1) or a block (0); at the
@@ -218,9 +231,16 @@ _AARCH64_LEVELS: tuple[_Level, ...] = (
 )
 
 
+#: LPA2's level -1: 16 entries for address bits 51..48 (its tables lie below 2^48 here:
+#: the descriptors' address bits 51..50, in bits 9..8, are not read).
+_AARCH64_LEVELS_52 = ((48, 15, 8, 0), *_AARCH64_LEVELS)
+
+
 def _levels(state: PagingState | Aarch64PagingState, mode: PagingMode) -> tuple[_Level, ...]:
     if mode is PagingMode.AARCH64_4K_48:
         return _AARCH64_LEVELS
+    if mode is PagingMode.AARCH64_4K_52:
+        return _AARCH64_LEVELS_52
     assert isinstance(state, PagingState)
     if mode is PagingMode.LONG5:
         return ((48, 511, 8, 0), *_LONG_LOWER)
@@ -269,6 +289,8 @@ def _address_limits(mode: PagingMode) -> tuple[int, int]:
         return 1 << 47, _ADDRESS_SPACE_END - (1 << 47)
     if mode is PagingMode.AARCH64_4K_48:
         return 1 << 48, _ADDRESS_SPACE_END - (1 << 48)
+    if mode is PagingMode.AARCH64_4K_52:
+        return 1 << 52, _ADDRESS_SPACE_END - (1 << 52)
     if mode is PagingMode.LONG5:
         return 1 << 56, _ADDRESS_SPACE_END - (1 << 56)
     return 1 << 32, _ADDRESS_SPACE_END

@@ -18,7 +18,7 @@ from qmpprof.target.remembered import Remembered
 
 _KERNEL_HALF = 1 << 63
 #: A TTBRn_EL1's table address: without the ASID above and CnP below.
-_TABLE_ADDRESS = 0x0000_FFFF_FFFF_F000
+_TABLE_ADDRESS = 0x0000_FFFF_FFFF_FFC0
 
 
 #: The QEMU targets (QMP query-target) whose register dump has the page-table roots.

@@ -409,10 +409,53 @@ def test_aarch64_paging_translates_as_the_manual_says(reads: type[RandomRam], se
 
 @pytest.mark.parametrize(
     "tcr",
-    [0x8010_4010, 0x4010_0010, 0x8010_000C, 0x8014_0010],
-    ids=["64k", "16k", "52bit", "44bit"],
+    [0x8010_4010, 0x4010_0010, 0x8010_000C, 0x8014_0010, 0x800C_000C],
+    ids=["64k", "16k", "52bit-lower-only", "44bit", "52bit-without-lpa2"],
 )
 def test_aarch64_granules_and_sizes_not_walked_are_refused(tcr: int) -> None:
-    """TCR_EL1's TG0/TG1 and T0SZ/T1SZ: anything but 4 KiB with 48-bit addresses."""
+    """TCR_EL1's TG0/TG1 and T0SZ/T1SZ: anything but 4 KiB with 48-bit addresses, or
+    52-bit ones in both halves with LPA2 (DS)."""
     with pytest.raises(UnsupportedPaging, match="only the 4 KiB granule"):
         VirtualMemory(RandomRamA64(0), Aarch64PagingState(0, 0, tcr))
+
+
+def reference_aarch64_52(ram: RandomRam, state: Aarch64PagingState, address: int) -> int | None:
+    """FEAT_LPA2 (TCR_EL1.DS), 4 KiB granule, 52-bit addresses: TTBR0 (bits 63..52 clear)
+    or TTBR1 (set) -> level -1 (16 entries, bits 51..48; a 64-byte aligned table) -> the
+    48-bit walk's levels 0..3 (tables and pages below 2^48 here)."""
+    top = address >> 52
+    if top not in (0, 0xFFF):
+        return None
+    root = (state.ttbr1 if top else state.ttbr0 or 0) & 0x0000_FFFF_FFFF_FFC0
+    descriptor = _entry(ram, root + (address >> 48 & 0xF) * 8, 8)
+    if descriptor is None or not descriptor & 2:  # no block at level -1
+        return None
+    lower = address & ((1 << 48) - 1)
+    level_zero = Aarch64PagingState(descriptor & 0x0000_FFFF_FFFF_F000, 0)
+    return reference_aarch64(ram, level_zero, lower)
+
+
+#: TCR_EL1 of Linux 6.12 on `-cpu max`: DS, T0SZ = T1SZ = 12, TG1 4 KiB.
+_TCR_LPA2 = 1 << 59 | 2 << 30 | 12 << 16 | 12
+
+
+@pytest.mark.parametrize("reads", [RandomRamA64, WordRandomRamA64])
+@settings(max_examples=cases(100))
+@given(seed=st.integers(0, 1 << 64))
+@counted
+def test_aarch64_lpa2_paging_translates_as_the_manual_says(
+    reads: type[RandomRam], seed: int
+) -> None:
+    rng = random.Random(seed)
+    ram = reads(seed)
+    # A level -1 table anywhere 64-byte aligned (Linux's user ones come from a cache).
+    ttbr0 = rng.getrandbits(16) << 48 | rng.randrange(PAGES * 64) * 64 | rng.getrandbits(1)
+    ttbr1 = rng.randrange(PAGES) * PAGE_SIZE
+    state = Aarch64PagingState(ttbr0, ttbr1, _TCR_LPA2)
+    assert state.mode is PagingMode.AARCH64_4K_52
+    memory = VirtualMemory(ram, state)
+    for _ in range(16):
+        address = rng.choice(
+            [address_a64(rng), rng.getrandbits(52), (0xFFF << 52) | rng.getrandbits(52)]
+        )
+        check_against(memory, ram, reference_aarch64_52, address)

@@ -6,8 +6,8 @@ With GDB holding the guest stopped at seeded random points, `qmpprof dump --json
 - the class GDB's stub gives it: idle where its thread list says halted, else kernel at
   EL1 and user at EL0 (CPSR's M[3:2]);
 - the task: its thread id is CONTEXTIDR_EL1 (Debian's kernels keep the running task's
-  pid there, CONFIG_PID_IN_CONTEXTIDR), its name the program init said it started
-  with that pid;
+  pid there, CONFIG_PID_IN_CONTEXTIDR; 0, the idle task), its name the program init
+  said it started with that pid;
 - the frames GDB lists (gdb-multiarch given the -dbg vmlinux at the slide the guest's
   /proc/kallsyms says, and a static program's own ELF), frame for frame: the same
   addresses and, where GDB names one, the same function (GCC's clone suffixes aside;
@@ -57,6 +57,8 @@ STATIC = ("crunch", "sysloop", "pinned")
 HALTED = re.compile(r"CPU#(\d+) \[halted ?\]")
 #: Entry code: GDB has no CFI for it, judging ends after its first frame.
 ENTRY = re.compile(r"^(vectors|el[01][th]_64_\w+|ret_to_\w+|call_on_irq_stack)$")
+#: qmpprof's label of a CPU's idle task (pid 0).
+IDLE = "[idle]"
 #: The share of samples of each class identical to GDB's (the issue's bar: 98 %).
 MIN_AGREEING = 0.98
 
@@ -204,7 +206,9 @@ def judge(
     tid = int(registers["CONTEXTIDR_EL1"], 16)
     process = vcpu.get("process") or {}
     program = programs.get(tid)
-    if kind != "idle":
+    if kind != "idle" and tid == 0:  # a CPU's idle task, running (an interrupt)
+        assert process.get("name") == IDLE, (vcpu["process"], tid)
+    elif kind != "idle":
         assert process.get("tid") == tid, (vcpu["process"], tid)
         assert program is None or process.get("name") == program, (process, program)
     frames = [(int(f["address"], 16), f["function"]) for f in vcpu["frames"]]

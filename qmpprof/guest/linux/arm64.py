@@ -9,8 +9,8 @@ no `__per_cpu_offset`, no per-CPU symbols. What is needed comes from elsewhere:
   `.data..percpu` section (every per-CPU variable is listed there);
 - where that section lies (`__per_cpu_start`, page-aligned, between the init text and
   the kernel's data) is found once per connection (`_find_per_cpu_start`): the page
-  for which a vCPU's `cpu_number` and the `cpu` of its `__entry_task` agree, a
-  pointer followed into a task_struct that must say the same CPU.
+  for which a vCPU's `__entry_task` is a task_struct on that vCPU's CPU (its
+  `cpu_number` says which, before 6.12) with a kernel stack.
 The running task is `__entry_task` (arch/arm64/kernel/process.c sets it at every
 context switch; the kernel's own `current`, SP_EL0, is not in QEMU's dump). Its user
 registers are the `struct pt_regs` at the top of its kernel stack (task->stack +
@@ -21,6 +21,7 @@ PHYS_OFFSET, both from VMCOREINFO).
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,6 +39,8 @@ from qmpprof.unwind.numbering import REGISTER_COUNT, from_aarch64
 #: THREAD_SIZE with 4 KiB pages and no KASAN (arch/arm64/include/asm/memory.h).
 THREAD_SIZE = 16 * 1024
 PAGE = 4096
+#: A pgd's alignment: a page, or 64 bytes for LPA2's 16-entry level -1 tables (6.12).
+_ROOT_ALIGN = 64
 #: Pages looked at for the per-CPU section, at most (Debian's 6.1: about 300).
 MAX_SEARCH_PAGES = 1 << 14
 #: pt_regs: regs[31], sp, pc, pstate (arch/arm64/include/asm/ptrace.h, every version).
@@ -50,6 +53,8 @@ _U32 = struct.Struct("<I")
 #: The BTF data section that lists per-CPU variables, and those read.
 PER_CPU_SECTION = ".data..percpu"
 PER_CPU_VARIABLES = frozenset({"__entry_task", "cpu_number"})
+#: Of those, what a lookup cannot do without (6.12 has no cpu_number).
+_REQUIRED_PER_CPU = "__entry_task"
 _TASK = frozenset({*TASK_MEMBERS, "stack", "active_mm", "thread_info", "cpu"})
 
 
@@ -58,7 +63,7 @@ class Arm64Layout:
     """The offsets an arm64 task lookup reads, from BTF."""
 
     entry_task: int  # in the per-CPU section
-    cpu_number: int  # in the per-CPU section
+    cpu_number: int | None  # in the per-CPU section (before 6.12)
     task_cpu: int  # in task_struct (thread_info.cpu)
     stack: int
     active_mm: int
@@ -74,12 +79,12 @@ class Arm64Layout:
         cpu = _task_cpu(task, info)
         wanted = (task.get("stack"), task.get("active_mm"), found.get("mm_struct", {}).get("pgd"))
         size = found.get("pt_regs", {}).get(SIZE)
-        if cpu is None or None in wanted or size is None or set(per_cpu) != PER_CPU_VARIABLES:
+        if cpu is None or None in wanted or size is None or _REQUIRED_PER_CPU not in per_cpu:
             return None
         stack, active_mm, pgd = (member.offset for member in wanted if member is not None)
         return cls(
             per_cpu["__entry_task"],
-            per_cpu["cpu_number"],
+            per_cpu.get("cpu_number"),
             cpu,
             stack,
             active_mm,
@@ -193,7 +198,7 @@ class Arm64LinuxAdapter(LinuxAdapter):
         if mm < KERNEL_HALF:
             return None
         pgd = memory.read_u64(mm + self.layout.pgd)
-        if pgd % PAGE or pgd < KERNEL_HALF:
+        if pgd % _ROOT_ALIGN or pgd < KERNEL_HALF:
             return None
         # The memory read translates through the kernel's page tables where it can:
         # target/paging.VirtualMemory, always in a capture.
@@ -232,22 +237,31 @@ class Arm64LinuxAdapter(LinuxAdapter):
 
     def _find_per_cpu_start(self, registers: RegisterSet, memory: MemoryReader) -> int | None:
         """The runtime address of the per-CPU section: the first page in the search span
-        where this vCPU's cpu_number is a CPU number and its __entry_task a task_struct
-        on that CPU."""
+        where this vCPU's __entry_task is a task_struct on its CPU, with a kernel stack:
+        the CPU its cpu_number says (6.1), else the vCPU's index (6.12 has no
+        cpu_number: QEMU's virt board numbers its CPUs as Linux does)."""
         start, end = (address + self.bias for address in self._search)
         first = start + -start % PAGE
         for candidate in range(first, min(end, first + MAX_SEARCH_PAGES * PAGE), PAGE):
             area = (registers.tpidr + candidate) % (1 << 64)
-            try:
-                cpu = _U32.unpack(memory.read(area + self.layout.cpu_number, 4))[0]
-                task = memory.read_u64(area + self.layout.entry_task)
-                if cpu >= MAX_CPUS or task < KERNEL_HALF:
-                    continue
-                if _U32.unpack(memory.read(task + self.layout.task_cpu, 4))[0] == cpu:
+            with contextlib.suppress(MemoryFault):
+                if self._is_entry_task_at(registers, memory, area):
                     return candidate
-            except MemoryFault:
-                continue
         return None
+
+    def _is_entry_task_at(self, registers: RegisterSet, memory: MemoryReader, area: int) -> bool:
+        """Raises MemoryFault."""
+        layout = self.layout
+        cpu = registers.vcpu
+        if layout.cpu_number is not None:
+            cpu = _U32.unpack(memory.read(area + layout.cpu_number, 4))[0]
+        task = memory.read_u64(area + layout.entry_task)
+        if cpu >= MAX_CPUS or task < KERNEL_HALF:
+            return False
+        if _U32.unpack(memory.read(task + layout.task_cpu, 4))[0] != cpu:
+            return False
+        stack = memory.read_u64(task + layout.stack)
+        return stack >= KERNEL_HALF and not stack % PAGE
 
 
 def per_cpu_search_span(first: int | None, data: int | None) -> tuple[int, int] | None:
