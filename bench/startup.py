@@ -1,7 +1,8 @@
 """Start-up cost: from `qmpprof dump --kernel ELF` being started to its one sample.
 
 Boots the Linux example guest (Debian 12's kernel, 2 vCPUs, nokaslr; --abi ABI, given
-once or more, picks Debian kernels: `examples/linux/fetch.sh --list`), then the example
+once or more, picks Debian kernels: `examples/linux/fetch.sh --list`; --arm64-abi ABI
+boots the AArch64 Linux guest on that arm64 kernel too), then the example
 guest, and runs `qmpprof dump` against each --runs times as a user would: a fresh
 process, its kernel ELF given. The first run is cold: an empty derived cache (a fresh
 QMPPROF_DERIVED_CACHE directory: symbols, CFI entries and layouts read from the ELF) and the
@@ -51,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.guest_vm import running_guest
 from tests.integration.watcher import Watcher
 from tests.linux_vm import running_linux
+from tests.linux_vm_aarch64 import running_linux_aarch64
 
 COLD_TARGET_S = 3.0
 WARM_TARGET_S = 1.0
@@ -185,6 +187,18 @@ def linux_guest(abi: str | None, ram: str) -> Boot:
     return boot
 
 
+def arm64_guest(abi: str, ram: str) -> Boot:
+    """Boots the AArch64 Linux guest (examples/linux/aarch64) on kernel `abi`."""
+
+    @contextmanager
+    def boot(workdir: Path, watch: str) -> Iterator[tuple[str, Path]]:
+        extra = ("--smp", "2", "--nokaslr", "--ram", ram, "--extra-qmp", watch)
+        with running_linux_aarch64(workdir, *extra, abi=abi) as guest:
+            yield guest.qmp, guest.kernel
+
+    return boot
+
+
 @contextmanager
 def example_guest(workdir: Path, watch: str) -> Iterator[tuple[str, Path]]:
     with running_guest(workdir, "--accel", "tcg", "--extra-qmp", watch) as guest:
@@ -195,12 +209,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--abi", action="append", help="a Debian kernel to boot (repeatable)")
+    parser.add_argument(
+        "--arm64-abi", action="append", default=[], help="a Debian arm64 kernel (repeatable)"
+    )
     parser.add_argument("--ram", default="2G", help="the Linux guest's memory (boot.sh --ram)")
     args = parser.parse_args()
     compile_package()
     guests = [
         (f"linux {abi or ''}".strip(), linux_guest(abi, args.ram)) for abi in args.abi or [None]
     ]
+    guests += [(f"linux {abi}", arm64_guest(abi, args.ram)) for abi in args.arm64_abi]
     runs: dict[str, list[Run]] = {}
     kernels: dict[str, Path] = {}
     with tempfile.TemporaryDirectory(prefix="qmpprof-su-") as directory:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from qmpprof.analysis import Analyzer
 from qmpprof.errors import BadGuestKernel, KernelMismatch
 from qmpprof.guest.linux.adapter import LinuxAdapter
+from qmpprof.guest.linux.from_memory import linear_bases
 from qmpprof.guest.linux.kaslr import (
     gate_handler,
     gate_size,
@@ -129,9 +130,12 @@ async def _arm64_placement(
     none: its kallsyms' _stext was checked against VMCOREINFO's already). Raises
     KernelMismatch."""
     try:
-        slide = guest_vmcoreinfo(session, memory).kernel_offset
+        info = guest_vmcoreinfo(session, memory)
     except BadGuestKernel:
         return None
+    slide = info.kernel_offset
+    if adapter.linear_bases is None:  # a vmlinux's adapter: the page cache's bases
+        adapter.linear_bases = linear_bases(info)
     registers = parse_all(await session.hmp(REGISTERS))
     if not registers:
         return None

@@ -162,14 +162,22 @@ class GdbMi:
         """The levels of `thread`'s backtrace that GDB made up from DWARF call-site
         information for a function that jumped to its callee (a tail call): no return
         address on the stack says it was there."""
+        return self._levels_of_type(thread, "TAILCALL_FRAME")
+
+    def inline_levels(self, thread: int) -> set[int]:
+        """The levels of `thread`'s backtrace that are calls inlined into the frame above
+        them (the same pc: one function's code on the stack)."""
+        return self._levels_of_type(thread, "INLINE_FRAME")
+
+    def _levels_of_type(self, thread: int, kind: str) -> set[int]:
         self.command(f"-thread-select {thread}")
         frames = "accumulate(range(1000), lambda f, _: f and f.older(), initial=gdb.newest_frame())"
         output = self.console(
-            f"python from itertools import accumulate; print('tailcalls', [i for i, f in "
-            f"enumerate({frames}) if f and f.type() == gdb.TAILCALL_FRAME])"
+            f"python from itertools import accumulate; print('levels', [i for i, f in "
+            f"enumerate({frames}) if f and f.type() == gdb.{kind}])"
         )
         text = "".join(line[2:-1] for line in output if line.startswith("~"))
-        found = re.search(r"tailcalls \[([0-9, ]*)\]", text)
+        found = re.search(r"levels \[([0-9, ]*)\]", text)
         return {int(n) for n in found.group(1).split(",") if n.strip()} if found else set()
 
     def registers(self, thread: int) -> dict[str, str]:

@@ -12,10 +12,12 @@ With GDB holding the guest stopped at seeded random points, `qmpprof dump --json
   /proc/kallsyms says, and a static program's own ELF), frame for frame: the same
   addresses and, where GDB names one, the same function (GCC's clone suffixes aside;
   the vmlinux's inlined calls, which kallsyms cannot know, collapsed into their
-  caller). Judging stops after the first frame of the exception entry code (GDB has no
-  CFI there and guesses on) and at the first frame GDB cannot name (dynwork's PIE and
-  libc.so.6, whose load addresses GDB is not told): frames beyond where GDB stops count
-  as agreeing.
+  caller). dynwork's PIE and libraries are given to GDB where its /proc/PID/maps (init
+  prints them) put them, libc with libc6-dbg's debug file: a frame in one of libc's own
+  functions, which its stripped file cannot name, is judged by its address. Judging
+  stops after the first frame of the exception entry code (GDB has no CFI there and
+  guesses on) and at the first frame GDB cannot name: frames beyond where GDB stops
+  count as agreeing.
 
 Three boots: `-cpu max,pauth=off` with four busy programs on the 2 vCPUs, the same with
 one program and a sleeper (idle vCPUs), and `-cpu max`, where the kernel and the
@@ -31,6 +33,7 @@ import json
 import os
 import random
 import re
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -42,6 +45,7 @@ import pytest
 
 from tests.integration.conftest import run_cached
 from tests.integration.gdb_mi import GdbFrame, GdbMi, same_function, text_aliases
+from tests.integration.linux_user_gdb import loaded_user_frames, process_maps, user_symbols
 from tests.integration.test_gdb_agreement_aarch64 import up_to_first_signed
 from tests.linux_vm import LinuxGuest, started_pids
 from tests.linux_vm_aarch64 import BUILD, aarch64_kernel_slide, running_linux_aarch64
@@ -52,8 +56,10 @@ pytestmark = pytest.mark.integration
 PAUSES = int(os.environ.get("QMPPROF_ARM64_LINUX_PAUSES", "12"))
 ABI = os.environ.get("QMPPROF_ARM64_LINUX_ABI", "6.1.0-50-cloud-arm64")
 WORKLOADS = "crunch,sysloop,pinned,dynwork"
-#: The programs GDB is given (static, at their link addresses).
+#: The programs GDB is given: static ones at their link addresses, the dynamically
+#: linked PIE with its libraries at the biases its maps give.
 STATIC = ("crunch", "sysloop", "pinned")
+DYNAMIC = "dynwork"
 HALTED = re.compile(r"CPU#(\d+) \[halted ?\]")
 #: Entry code: GDB has no CFI for it, judging ends after its first frame.
 ENTRY = re.compile(r"^(vectors|el[01][th]_64_\w+|ret_to_\w+|call_on_irq_stack)$")
@@ -120,26 +126,40 @@ def dump(guest: LinuxGuest) -> list[dict[str, Any]]:
     return vcpus
 
 
-def collapsed(frames: list[GdbFrame]) -> list[GdbFrame]:
-    """GDB's frames with each inlined call folded into the function it was inlined in
-    (an inlined frame has its caller's address)."""
-    kept = []
-    for index, frame in enumerate(frames):
-        following = frames[index + 1] if index + 1 < len(frames) else None
-        if following is None or following.address != frame.address:
-            kept.append(frame)
-    return kept
+def physical(frames: list[GdbFrame], inlined: set[int]) -> list[GdbFrame]:
+    """GDB's frames without the calls inlined into the frame above them (levels
+    `inlined`): kallsyms and a stripped file name the function whose code it is."""
+    return [frame for frame in frames if frame.level not in inlined]
 
 
-def gdb_stack(gdb: GdbMi, thread: int, program: str | None) -> list[GdbFrame]:
+def gdb_stack(gdb: GdbMi, thread: int, program: str | None, guest: LinuxGuest) -> list[GdbFrame]:
     """GDB's frames through the first it reached by a signed return address, if any (its
-    signature taken off: GDB cannot, and names no function there)."""
+    signature taken off: GDB cannot, and names no function there). A user vCPU's
+    program's files are GDB's: a static program at its link addresses, dynwork's PIE and
+    libraries (libc with libc6-dbg's debug file) where its /proc/PID/maps put them."""
     if program in STATIC:
         with gdb.symbols_from(BUILD / str(program)):
-            frames = gdb.frames(thread)
+            frames = physical(gdb.frames(thread), gdb.inline_levels(thread))
+    elif program == DYNAMIC:
+        serial = Path(guest.serial).read_text(errors="replace")
+        maps = process_maps(serial, started_pids(serial)[DYNAMIC])
+        with user_symbols(gdb, maps, guest.sysroot):
+            inlined = gdb.inline_levels(thread)
+            frames = physical(loaded_user_frames(gdb, thread), inlined)
     else:
-        frames = gdb.frames(thread)
-    return collapsed(up_to_first_signed(frames)[0])
+        frames = physical(gdb.frames(thread), gdb.inline_levels(thread))
+    return up_to_first_signed(frames)[0]
+
+
+def libc_aliases(sysroot: Path) -> dict[str, str]:
+    """libc's names for one function (`snprintf`, `__GI___snprintf`): its own dynamic
+    symbols and its debug file's (libc6-dbg, by build-id)."""
+    libc = sysroot / "lib" / "aarch64-linux-gnu" / "libc.so.6"
+    notes = subprocess.run(["readelf", "-n", str(libc)], capture_output=True, text=True)
+    found = re.search(r"Build ID: ([0-9a-f]{2})([0-9a-f]+)", notes.stdout)
+    assert found, f"{libc} has no build-id"
+    debug = sysroot / "usr/lib/debug/.build-id" / found.group(1) / f"{found.group(2)}.debug"
+    return text_aliases(libc, *([debug] if debug.exists() else []))
 
 
 def frame_problem(
@@ -155,7 +175,13 @@ def frame_problem(
         address, name = ours[index]
         if address != frame.address:
             return f"frame {index}: {address:#x} {name}, GDB {frame.address:#x} {frame.function}"
-        if named and same_function(name, aliases) != same_function(frame.function, aliases):
+        # A function of a stripped file's own (libc's static ones) has no name from the
+        # guest: its address is judged (GDB names it from libc6-dbg's debug file).
+        if (
+            named
+            and name
+            and same_function(name, aliases) != same_function(frame.function, aliases)
+        ):
             return f"frame {index} at {address:#x}: {name}, GDB {frame.function}"
         if named and ENTRY.match(str(frame.function)):
             return None
@@ -172,7 +198,9 @@ def test_no_file_dumps_agree_with_gdb(arm64_guest: tuple[LinuxGuest, GdbMi]) -> 
     guest, gdb = arm64_guest
     pids = started_pids(Path(guest.serial).read_text(errors="replace"))
     programs = {pid: name for name, pid in pids.items()}
-    aliases = text_aliases(guest.kernel, *(BUILD / name for name in STATIC))
+    aliases = text_aliases(guest.kernel, *(BUILD / name for name in STATIC)) | libc_aliases(
+        guest.sysroot
+    )
     rng = seeded("linux-arm64")
     tally = Tally(Counter(), Counter(), [])
     for _ in range(PAUSES):
@@ -181,7 +209,7 @@ def test_no_file_dumps_agree_with_gdb(arm64_guest: tuple[LinuxGuest, GdbMi]) -> 
         ours = dump(guest)
         for vcpu in ours:
             index = int(vcpu["vcpu"])
-            judge(gdb, index, vcpu, index in halted, programs, aliases, tally)
+            judge(guest, gdb, index, vcpu, index in halted, programs, aliases, tally)
     print(f"\nagreeing with GDB, by class: {dict(tally.agreeing)} of {dict(tally.judged)}")
     for failure in tally.failures:
         print(f"  {failure}")
@@ -190,6 +218,7 @@ def test_no_file_dumps_agree_with_gdb(arm64_guest: tuple[LinuxGuest, GdbMi]) -> 
 
 
 def judge(
+    guest: LinuxGuest,
     gdb: GdbMi,
     index: int,
     vcpu: dict[str, Any],
@@ -212,6 +241,6 @@ def judge(
         assert process.get("tid") == tid, (vcpu["process"], tid)
         assert program is None or process.get("name") == program, (process, program)
     frames = [(int(f["address"], 16), f["function"]) for f in vcpu["frames"]]
-    expected = gdb_stack(gdb, thread, program if kind == "user" else None)
+    expected = gdb_stack(gdb, thread, program if kind == "user" else None, guest)
     problem = frame_problem(expected, frames, aliases)
     tally.add(kind, problem and f"{process.get('name')} {problem}")

@@ -4,7 +4,7 @@
 # Modelled on ../i386/boot.sh, whose options it takes.
 #
 #   boot.sh --qmp SOCKET [--gdb SOCKET|PORT] [--smp N] [--serial LOG] [--timeout SEC]
-#           [--nokaslr] [--abi ABI] [--workloads a,b] [--memory-backend PATH]
+#           [--nokaslr] [--abi ABI] [--extra-qmp SOCKET] [--workloads a,b] [--memory-backend PATH]
 #           [--append 'KERNEL ARGS'] [--ram SIZE] [--cpu MODEL] [--retries N]
 #   boot.sh stop PID
 #
@@ -44,12 +44,13 @@ if [[ ${1:-} == stop ]]; then  # the example guest's stop: SIGTERM, then SIGKILL
     exec "$HERE/../../guest/boot.sh" "$@"
 fi
 
-qmp='' gdb='' smp=2 serial='' timeout=180 kaslr='' abi='' workloads='' membackend=''
+qmp='' extra_qmp='' gdb='' smp=2 serial='' timeout=180 kaslr='' abi='' workloads='' membackend=''
 append='' cpu=max retries=1
 while [[ $# -gt 0 ]]; do
     case $1 in
         --qmp) qmp=${2:?--qmp needs a value}; shift 2 ;;
         --gdb) gdb=${2:?--gdb needs a value}; shift 2 ;;
+        --extra-qmp) extra_qmp=${2:?--extra-qmp needs a value}; shift 2 ;;
         --smp) smp=${2:?--smp needs a value}; shift 2 ;;
         --serial) serial=${2:?--serial needs a value}; shift 2 ;;
         --timeout) timeout=${2:?--timeout needs a value}; shift 2 ;;
@@ -96,6 +97,7 @@ args=(-M virt -cpu "$cpu" -accel tcg -display none -no-reboot -m "$MEMORY" -smp 
       -serial "file:$serial" -qmp "unix:$qmp,server=on,wait=off"
       -daemonize -pidfile "$pidfile")
 [[ -n $gdb_device ]] && args+=(-gdb "$gdb_device")
+[[ -n $extra_qmp ]] && args+=(-qmp "unix:$(realpath -m -- "$extra_qmp"),server=on,wait=off")
 [[ -n $membackend ]] && memory_backend "$membackend" "$MEMORY"
 
 boot_until_ready

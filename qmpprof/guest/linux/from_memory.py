@@ -440,7 +440,15 @@ def _arm64_adapter(info: VmcoreInfo, table: _Table, types: MemoryTypes) -> OsAda
     page_offset = -(1 << va_bits) % (1 << 64)
     linear = LinearMap(page_offset, 1 << (va_bits - 1), phys_offset)
     adapter = None if search is None else Arm64LinuxAdapter.of(types, per_cpu, search, linear)
-    vmemmap = info.number("VMEMMAP_START")
-    if adapter is not None and vmemmap is not None:
-        adapter.linear_bases = LinearBases(vmemmap, page_offset, phys_offset)
+    if adapter is not None:
+        adapter.linear_bases = linear_bases(info)
     return adapter
+
+
+def linear_bases(info: VmcoreInfo) -> LinearBases | None:
+    """An arm64 kernel's vmemmap and linear map, from its VMCOREINFO's numbers."""
+    va_bits, phys_offset = info.number("VA_BITS"), info.number("PHYS_OFFSET")
+    vmemmap = info.number("VMEMMAP_START")
+    if va_bits is None or phys_offset is None or vmemmap is None or not 36 <= va_bits <= 52:
+        return None
+    return LinearBases(vmemmap, -(1 << va_bits) % (1 << 64), phys_offset)
