@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.guest_vm import running_guest
 from tests.integration.watcher import Watcher
-from tests.linux_vm import running_linux
+from tests.linux_vm import LinuxGuest, running_linux
 from tests.linux_vm_aarch64 import running_linux_aarch64
 
 COLD_TARGET_S = 3.0
@@ -174,26 +174,18 @@ def summary(name: str, kernel: Path, runs: list[Run]) -> dict[str, object]:
     }
 
 
-def linux_guest(abi: str | None, ram: str) -> Boot:
-    """Boots the Linux example guest on kernel `abi` (boot.sh's default if None) with
-    `ram` of memory."""
+def linux_guest(
+    abi: str | None,
+    ram: str,
+    running: Callable[..., AbstractContextManager[LinuxGuest]] = running_linux,
+) -> Boot:
+    """Boots a Linux example guest (`running`: tests.linux_vm's, or the AArch64 one's) on
+    kernel `abi` (boot.sh's default if None) with `ram` of memory."""
 
     @contextmanager
     def boot(workdir: Path, watch: str) -> Iterator[tuple[str, Path]]:
         extra = ("--smp", "2", "--nokaslr", "--ram", ram, "--extra-qmp", watch)
-        with running_linux(workdir, *extra, abi=abi) as guest:
-            yield guest.qmp, guest.kernel
-
-    return boot
-
-
-def arm64_guest(abi: str, ram: str) -> Boot:
-    """Boots the AArch64 Linux guest (examples/linux/aarch64) on kernel `abi`."""
-
-    @contextmanager
-    def boot(workdir: Path, watch: str) -> Iterator[tuple[str, Path]]:
-        extra = ("--smp", "2", "--nokaslr", "--ram", ram, "--extra-qmp", watch)
-        with running_linux_aarch64(workdir, *extra, abi=abi) as guest:
+        with running(workdir, *extra, abi=abi) as guest:
             yield guest.qmp, guest.kernel
 
     return boot
@@ -218,7 +210,8 @@ def main() -> None:
     guests = [
         (f"linux {abi or ''}".strip(), linux_guest(abi, args.ram)) for abi in args.abi or [None]
     ]
-    guests += [(f"linux {abi}", arm64_guest(abi, args.ram)) for abi in args.arm64_abi]
+    arm64 = running_linux_aarch64
+    guests += [(f"linux {abi}", linux_guest(abi, args.ram, arm64)) for abi in args.arm64_abi]
     runs: dict[str, list[Run]] = {}
     kernels: dict[str, Path] = {}
     with tempfile.TemporaryDirectory(prefix="qmpprof-su-") as directory:
