@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 #: What `make demo` needs (QEMU, a C toolchain: gcc -static for the Linux guest's programs,
 #: a venv), the commands that tell they are there; the tests need the rest as well.
-DEMO_APT_PACKAGES := qemu-system-x86 gcc libc6-dev make binutils python3-venv $(if $(filter aarch64,$(ARCH)),qemu-system-arm gcc-aarch64-linux-gnu)
+DEMO_APT_PACKAGES := qemu-system-x86 gcc libc6-dev make binutils python3-venv $(if $(filter aarch64,$(ARCH)),qemu-system-arm gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
 DEMO_TOOLS := qemu-system-x86_64 gcc make ld readelf $(if $(filter aarch64,$(ARCH)),qemu-system-aarch64 aarch64-linux-gnu-gcc)
 APT_PACKAGES := $(DEMO_APT_PACKAGES) gdb tmux dwarves debuginfod libarchive-tools linux-perf libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-clients-qemu libvirt-daemon-system libvirt-daemon-system-sysv python3-libvirt memtest86+ qemu-system-arm gdb-multiarch gcc-aarch64-linux-gnu libc6-dev-arm64-cross u-boot-qemu
 #: A path stands for a package that installs no command (memtest86+ and u-boot-qemu: real
@@ -22,7 +22,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-demo: demo-deps $(if $(filter linux,$(GUEST)),,$(if $(filter aarch64,$(ARCH)),guest-aarch64,guest))  ## boot the example guest (ARCH=i386: its 32-bit build, ARCH=aarch64 its AArch64 one; GUEST=linux: Debian's kernel, ~75 MB fetched once), profile it 10 s, write demo/, print the hottest stacks
+demo: demo-deps $(if $(filter linux,$(GUEST)),,$(if $(filter aarch64,$(ARCH)),guest-aarch64,guest))  ## boot the example guest (ARCH=i386: its 32-bit build, ARCH=aarch64 its AArch64 one; GUEST=linux: Debian's kernel, ~75 MB fetched once; GUEST=linux ARCH=aarch64: Debian's arm64 kernel, ~300 MB), profile it 10 s, write demo/, print the hottest stacks
 	@PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/demo.sh
 
 test: deps guest guest-aarch64 linux-guest linux-guest-aarch64 consumers  ## run every test (unit, consumers, integration against a real QEMU)

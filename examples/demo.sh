@@ -11,6 +11,9 @@
 # ARCH=i386 boots the 32-bit build of the example guest instead (protected mode, PAGING=2level
 # or pae) with its processes on two vCPUs (WORKLOAD=user unless given); ARCH=aarch64 its
 # AArch64 build (qemu-system-aarch64 -M virt, signed return addresses), likewise.
+# GUEST=linux ARCH=aarch64 boots Debian's arm64 kernel (examples/linux/aarch64, the 6.1
+# cloud flavour unless KERNEL_ABI says, with its -dbg package: ~300 MB once) and profiles
+# it with no file at all.
 # DURATION (seconds, 10) and DEMO_OUT (the output directory, demo) change the defaults.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +27,29 @@ GUEST=${GUEST:-example}
 out=${DEMO_OUT:-demo}
 mkdir -p "$out"
 rm -f "$out/qmp.sock"
+
+if [[ $GUEST == linux && $ARCH == aarch64 ]]; then
+    here=examples/linux/aarch64
+    abi=${KERNEL_ABI:-6.1.0-50-cloud-arm64}
+    echo "fetching Debian's arm64 kernel $abi and libc6 once (~300 MB), building the guest..."
+    bash "$here/fetch.sh" "$abi" >/dev/null
+    make -s -C "$here"
+    echo "booting it under qemu-system-aarch64 -M virt (TCG, KASLR on, 2 vCPUs)..."
+    declare -A linux
+    while IFS='=' read -r key value; do
+        linux[$key]=$value
+    done < <("$here/boot.sh" --qmp "$out/qmp.sock" --serial "$out/serial.log" --abi "$abi" \
+                 --workloads crunch,sysloop,pinned,dynwork)
+    trap '"$here/boot.sh" stop "${linux[pid]}"' EXIT
+    echo "guest running (QEMU pid ${linux[pid]}); profiling for $DURATION s with no file at all:"
+    echo "the kernel, its tasks, the programs and libc are read from the guest's memory..."
+    qmpprof record --qmp-socket "${linux[qmp]}" --duration "$DURATION" \
+        -o "$out/profile.folded" -o "$out/flamegraph.svg"
+    echo
+    echo "open $out/flamegraph.svg in a browser; $out/profile.folded works with speedscope,"
+    echo "flamegraph.pl and inferno."
+    exit 0
+fi
 
 if [[ $GUEST == linux ]]; then
     echo "booting Debian's kernel with the Linux example guest's workloads (TCG)..."
