@@ -44,7 +44,13 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import run_cached
-from tests.integration.gdb_mi import GdbFrame, GdbMi, same_function, text_aliases
+from tests.integration.gdb_mi import (
+    GdbFrame,
+    GdbMi,
+    same_function,
+    text_aliases,
+    without_hidden_inline_leaf,
+)
 from tests.integration.linux_user_gdb import loaded_user_frames, process_maps, user_symbols
 from tests.integration.test_gdb_agreement_aarch64 import up_to_first_signed
 from tests.linux_vm import LinuxGuest, started_pids
@@ -115,13 +121,14 @@ def arm64_guest(
             gdb.close()
 
 
-def dump(guest: LinuxGuest) -> list[dict[str, Any]]:
-    """`qmpprof dump --json` with no file of any kind."""
+def dump(guest: LinuxGuest, *extra: str) -> list[dict[str, Any]]:
+    """`qmpprof dump --json` with no file of any kind (or `extra`'s)."""
     done = run_cached(
-        "dump", "--json", "--qmp-socket", guest.qmp, env={"DEBUGINFOD_URLS": ""}, timeout=300
-    )
+        "dump", "--json", "--qmp-socket", guest.qmp, *extra, env={"DEBUGINFOD_URLS": ""},
+        timeout=300,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "from guest memory" in done.stderr, done.stderr
+    assert extra or "from guest memory" in done.stderr, done.stderr
     vcpus: list[dict[str, Any]] = json.loads(done.stdout)["vcpus"]
     return vcpus
 
@@ -244,3 +251,33 @@ def judge(
     expected = gdb_stack(gdb, thread, program if kind == "user" else None, guest)
     problem = frame_problem(expected, frames, aliases)
     tally.add(kind, problem and f"{process.get('name')} {problem}")
+
+
+#: Pauses of the vmlinux test (each a GDB backtrace and a dump with the vmlinux).
+VMLINUX_PAUSES = 10
+
+
+def test_with_the_vmlinux_kernel_frames_are_gdb_s_inlined_calls_included(
+    arm64_guest: tuple[LinuxGuest, GdbMi],
+) -> None:
+    """`dump --kernel VMLINUX` (the -dbg vmlinux): every kernel-mode vCPU's frames are
+    GDB's, its inlined calls included, up to the entry code."""
+    guest, gdb = arm64_guest
+    aliases = text_aliases(guest.kernel)
+    rng = seeded("linux-arm64-vmlinux")
+    judged, problems = 0, []
+    for _ in range(VMLINUX_PAUSES):
+        pause(gdb, rng)
+        for vcpu in dump(guest, "--kernel", str(guest.kernel)):
+            thread = int(vcpu["vcpu"]) + 1
+            if vcpu["mode"] != "kernel":
+                continue
+            frames = [(int(f["address"], 16), f["function"]) for f in vcpu["frames"]]
+            expected = up_to_first_signed(gdb.frames(thread))[0]
+            judged += 1
+            frames = without_hidden_inline_leaf(frames, expected)  # GDB's rule, see there
+            problem = frame_problem(expected, frames, aliases)
+            if problem is not None:
+                problems.append(problem)
+    print(f"\nwith the vmlinux, {judged - len(problems)} of {judged} kernel samples agree")
+    assert len(problems) <= (1 - MIN_AGREEING) * judged, problems

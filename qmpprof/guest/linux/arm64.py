@@ -120,8 +120,8 @@ class Arm64LinuxAdapter(LinuxAdapter):
 
     name = "linux-arm64"
     gives_user_roots = True
-    #: In a vmlinux: what says it is arm64's (x86 has no __entry_task), and the section.
-    probe_symbols = frozenset({"__entry_task", "cpu_number", "__per_cpu_start", "linux_banner"})
+    #: In a vmlinux: what says it is arm64's (x86 has no __entry_task).
+    probe_symbols = frozenset({"__entry_task", "cpu_number", "linux_banner"})
 
     def __init__(
         self,
@@ -142,16 +142,19 @@ class Arm64LinuxAdapter(LinuxAdapter):
 
     @classmethod
     def probe(cls, facts: KernelFacts) -> bool:
-        return {"__entry_task", "__per_cpu_start"} <= facts.symbols.keys()
+        return "__entry_task" in facts.symbols
 
     @classmethod
     def from_facts(cls, facts: KernelFacts) -> LinuxAdapter:
-        """A vmlinux's: its per-CPU section where its symbols say (checked as a search
-        of one page is); without the types a lookup needs, one that names no task."""
-        start, banner = facts.symbols["__per_cpu_start"], facts.symbols.get("linux_banner")
+        """A vmlinux's: the per-CPU variables at their link addresses, measured from the
+        page `__entry_task` is in (checked as a search of one page is: its symbol table
+        has no `__per_cpu_start`, a symbol of no type); without the types a lookup needs,
+        one that names no task."""
+        base = facts.symbols["__entry_task"] // PAGE * PAGE
+        banner = facts.symbols.get("linux_banner")
         names = PER_CPU_VARIABLES & facts.symbols.keys()
-        per_cpu = {name: facts.symbols[name] - start for name in names}
-        found = cls.of(facts.types, per_cpu, (start, start + 1))
+        per_cpu = {name: facts.symbols[name] - base for name in names}
+        found = cls.of(facts.types, per_cpu, (base, base + 1))
         if found is None:
             return LinuxAdapter(banner=banner)
         found.banner = banner
