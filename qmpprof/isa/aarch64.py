@@ -15,6 +15,7 @@ translation granules are not handled yet.
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 from qmpprof.errors import MemoryFault, RegisterParseError
@@ -158,17 +159,22 @@ def frame_step(
     half's: a record an exception entry stored for the interrupted code (the example
     guest's; Linux ends its chain at an entry from EL0 instead)."""
     sp, fp = regs[STACK_POINTER], regs[FRAME_POINTER]
-    if sp is None or fp is None:
+    if fp is None or (sp is None and leaf):
         raise StopUnwind(StopReason.NO_UNWIND_INFO)
-    pc = regs[PC] or 0
-    where = True if leaf and at_entry else _leaf_caller_in_lr(code, pc, start) if leaf else None
     caller: Registers = [None] * REGISTER_COUNT
     for register in CALLEE_SAVED:
         caller[register] = regs[register]
+    if sp is None:
+        return _record_step(caller, fp, memory)
+    pc = regs[PC] or 0
+    where = True if leaf and at_entry else _leaf_caller_in_lr(code, pc, start) if leaf else None
     if where is True:
-        if regs[AARCH64_LR] is None:
+        lr = regs[AARCH64_LR]
+        if lr is None:
             raise StopUnwind(StopReason.NO_UNWIND_INFO)
-        caller[PC] = regs[AARCH64_LR]
+        caller[PC] = lr
+        if pc >= KERNEL_HALF > strip_return(lr):
+            return _from_exception_vector(caller, fp, lr, memory)
         return caller, Progress.UP_OR_SAME
     record = sp if where is False else fp
     if where is None and (fp == 0 or fp % 8):
@@ -186,6 +192,37 @@ def frame_step(
         raise StopUnwind(StopReason.FAULT, fault.address) from fault
     caller[STACK_POINTER] = record + 16
     return caller, Progress.OTHER_STACK if crossing else Progress.UP
+
+
+def _from_exception_vector(
+    caller: Registers, fp: int, lr: int, memory: MemoryReader
+) -> tuple[Registers, Progress]:
+    """The user code an exception vector was taken from: its x29 and LR are live, its pc
+    (ELR_EL1) and stack pointer (SP_EL0) are not in the dump. Its caller is LR's; the
+    frame records go on from x29, without the one the interrupted function stored if it
+    holds LR's return address too (that function, whose pc is unknown, is left out)."""
+    caller[STACK_POINTER] = None
+    with contextlib.suppress(MemoryFault):
+        if fp and not fp % 8 and strip_return(memory.read_u64(fp + 8)) == strip_return(lr):
+            following = memory.read_u64(fp)
+            caller[FRAME_POINTER] = following if following > fp else 0
+    return caller, Progress.OTHER_STACK
+
+
+def _record_step(caller: Registers, fp: int, memory: MemoryReader) -> tuple[Registers, Progress]:
+    """One frame record up where the stack pointer is not known (after an exception
+    vector taken from EL0): the records alone, each above the one before."""
+    if fp == 0 or fp % 8:
+        raise StopUnwind(StopReason.END_OF_STACK if fp == 0 else StopReason.BAD_FRAME)
+    try:
+        caller[FRAME_POINTER] = memory.read_u64(fp)
+        caller[PC] = memory.read_u64(fp + 8)
+    except MemoryFault as fault:
+        raise StopUnwind(StopReason.FAULT, fault.address) from fault
+    following = caller[FRAME_POINTER] or 0
+    if following and following <= fp:
+        caller[FRAME_POINTER] = 0  # not above: this return address is the last one
+    return caller, Progress.OTHER_STACK
 
 
 AARCH64 = Isa(

@@ -38,6 +38,7 @@ from qmpprof.model import (
 from qmpprof.unwind.callsite import DIRECT_CALL_BYTES, direct_call_target, follows_call
 from qmpprof.unwind.rules import (
     DWARF_REGISTER_NAMES,
+    RBP,
     RIP,
     RSP,
     Undefined,
@@ -133,9 +134,11 @@ def unwind(
                 return UnwoundStack(tuple(frames), StopReason.END_OF_STACK)
             if caller_pc < FIRST_CODE_ADDRESS:
                 return UnwoundStack(tuple(frames), StopReason.BAD_PC)
-            if (caller_pc, regs[RSP]) in seen:
+            # Where the stack pointer is not known, the frame record's place tells frames apart.
+            place = regs[RSP] if regs[RSP] is not None else regs[RBP]
+            if (caller_pc, place) in seen:
                 return UnwoundStack(tuple(frames), StopReason.NO_PROGRESS)
-            seen.add((caller_pc, regs[RSP]))
+            seen.add((caller_pc, place))
             kind = FrameKind.INSTRUCTION if exact else FrameKind.RETURN
             frames.append(FrameAddress(caller_pc, kind, how))
     except _Stop as stop:
@@ -160,6 +163,8 @@ def _step(
     word than the vCPU's are mapped."""
     pc = regs[RIP]
     assert pc is not None
+    if regs[RSP] is None:  # the stack pointer is not known: frame records alone
+        return _fp_step(regs, leaf, memory, code, word, False, isa), False, Recovery.FRAME_POINTER
     if leaf and word == 8 and isa.x86 and _at_system_call_edge(regs):
         return _user_side_of_system_call(regs), True, Recovery.SYSTEM_CALL
     row = None
@@ -291,6 +296,8 @@ def _fp_step(
 ) -> list[int | None]:
     caller, progress = isa.frame_step(regs, leaf, memory, code, word, at_entry, start)
     other_stack = progress is Progress.OTHER_STACK
+    if other_stack and caller[RSP] is None:
+        return caller  # AArch64 from an exception vector: each record checked above it
     _check_progress(regs, caller, other_stack, progress is Progress.UP_OR_SAME)
     return caller
 

@@ -51,9 +51,15 @@ def without_hidden_inline_leaf(ours: Frames, gdb: list[GdbFrame]) -> Frames:
     at_leaf = [name for address, name in takewhile(lambda f: f[0] == leaf, ours)]
     gdb_at_leaf = [f.function for f in takewhile(lambda f: f.address == leaf, gdb)]
     hidden = len(at_leaf) - len(gdb_at_leaf)
-    if hidden <= 0 or at_leaf[hidden:] != gdb_at_leaf:
+    if hidden <= 0 or _unclone(at_leaf[hidden:]) != _unclone(gdb_at_leaf):
         return ours
     return ours[hidden:]
+
+
+def _unclone(names: list[str | None]) -> list[str | None]:
+    """Names with GCC's clone suffixes dropped (`el0_svc_common.constprop.0` is the
+    symbol of GDB's `el0_svc_common`)."""
+    return [GCC_CLONE.sub("", name) if name else name for name in names]
 
 
 def agree(gdb: list[GdbFrame], ours: Frames) -> bool:

@@ -249,12 +249,29 @@ def judge(
         assert program is None or process.get("name") == program, (process, program)
     frames = [(int(f["address"], 16), f["function"]) for f in vcpu["frames"]]
     expected = gdb_stack(gdb, thread, program if kind == "user" else None, guest)
-    problem = frame_problem(expected, frames, aliases)
+    problem = frame_problem(expected, frames, aliases) or vector_problem(frames, program)
     tally.add(kind, problem and f"{process.get('name')} {problem}")
 
 
+#: Where a thread's user stack begins: the program's entry, a new thread's (glibc's clone).
+THREAD_ROOTS = {"_start", "thread_start"}
+
+
+def vector_problem(frames: list[tuple[int, str | None]], program: str | None) -> str | None:
+    """A vCPU at an exception vector taken from EL0, GDB's unwind ends there: the user
+    frames after it (from x30 and the frame records) must be the static program's own
+    functions, down to where its thread began."""
+    from_user = len(frames) > 1 and frames[1][0] < 1 << 63  # else taken from EL1
+    if not frames or frames[0][1] != "vectors" or not from_user or program not in STATIC:
+        return None
+    user = [name for address, name in frames[1:] if address < 1 << 63]
+    if len(user) != len(frames) - 1 or not user or user[-1] not in THREAD_ROOTS:
+        return f"from its exception vector: {[name for _, name in frames]}"
+    return None
+
+
 #: Pauses of the vmlinux test (each a GDB backtrace and a dump with the vmlinux).
-VMLINUX_PAUSES = 10
+VMLINUX_PAUSES = int(os.environ.get("QMPPROF_ARM64_VMLINUX_PAUSES", "10"))
 
 
 def test_with_the_vmlinux_kernel_frames_are_gdb_s_inlined_calls_included(
@@ -280,4 +297,6 @@ def test_with_the_vmlinux_kernel_frames_are_gdb_s_inlined_calls_included(
             if problem is not None:
                 problems.append(problem)
     print(f"\nwith the vmlinux, {judged - len(problems)} of {judged} kernel samples agree")
+    for problem in problems:
+        print(f"  {problem}")
     assert len(problems) <= (1 - MIN_AGREEING) * judged, problems
