@@ -260,14 +260,13 @@ class Capturer:
             return self._analyzer.examine(RawSample(now, regs, error=error)).sample
         user_module = await self._identifier.identify(regs)
         window = await self._stack_window(regs)
-        if window is None and regs.isa != "aarch64":  # AArch64's: see _copied
+        if window is None:
             # The task may still be read: Linux's entry code borrows RSP as a scratch
             # register while it switches page tables (PTI).
             error = f"stack unreadable at sp={regs.sp:#x}"
             raw = RawSample(now, regs, user_module=user_module, error=error)
         else:
-            windows = (window,) if window is not None else ()
-            raw = RawSample(now, regs, windows, user_module, file_maps=self._maps_guess(regs))
+            raw = RawSample(now, regs, (window,), user_module, file_maps=self._maps_guess(regs))
         return await self._examined(raw, self._complete)
 
     async def _examined(
