@@ -428,27 +428,30 @@ def _adapter(table: _Table, types: MemoryTypes) -> OsAdapter:
 def _arm64_adapter(info: VmcoreInfo, table: _Table, types: MemoryTypes) -> OsAdapter | None:
     """An arm64 kernel's adapter (guest/linux/arm64.py), when its BTF and VMCOREINFO
     give what it reads."""
-    btf = types.btf()
-    va_bits, phys_offset = info.number("VA_BITS"), info.number("PHYS_OFFSET")
+    btf, linear = types.btf(), _linear_map(info)
     uts, init_end = info.symbol("init_uts_ns"), table.names.find("_einittext")
-    if btf is None or va_bits is None or phys_offset is None or uts is None:
-        return None
-    if not 36 <= va_bits <= 52 or init_end is None:
+    if btf is None or linear is None or uts is None or init_end is None:
         return None
     search = per_cpu_search_span(init_end, info.link_address(uts))
     per_cpu = btf.section_variables(PER_CPU_SECTION, set(PER_CPU_VARIABLES))
-    page_offset = -(1 << va_bits) % (1 << 64)
-    linear = LinearMap(page_offset, 1 << (va_bits - 1), phys_offset)
     adapter = None if search is None else Arm64LinuxAdapter.of(types, per_cpu, search, linear)
     if adapter is not None:
         adapter.linear_bases = linear_bases(info)
     return adapter
 
 
+def _linear_map(info: VmcoreInfo) -> LinearMap | None:
+    """Where an arm64 kernel maps all of RAM: PAGE_OFFSET (from VA_BITS) up is
+    PHYS_OFFSET up, over half the kernel's address space."""
+    va_bits, phys_offset = info.number("VA_BITS"), info.number("PHYS_OFFSET")
+    if va_bits is None or phys_offset is None or not 36 <= va_bits <= 52:
+        return None
+    return LinearMap(-(1 << va_bits) % (1 << 64), 1 << (va_bits - 1), phys_offset)
+
+
 def linear_bases(info: VmcoreInfo) -> LinearBases | None:
     """An arm64 kernel's vmemmap and linear map, from its VMCOREINFO's numbers."""
-    va_bits, phys_offset = info.number("VA_BITS"), info.number("PHYS_OFFSET")
-    vmemmap = info.number("VMEMMAP_START")
-    if va_bits is None or phys_offset is None or vmemmap is None or not 36 <= va_bits <= 52:
+    linear, vmemmap = _linear_map(info), info.number("VMEMMAP_START")
+    if linear is None or vmemmap is None:
         return None
-    return LinearBases(vmemmap, -(1 << va_bits) % (1 << 64), phys_offset)
+    return LinearBases(vmemmap, linear.page_offset, linear.phys_offset)
