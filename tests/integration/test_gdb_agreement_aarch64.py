@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,6 +42,7 @@ from tests.integration.test_gdb_agreement import (
 from tests.seeds import seeded
 
 PAUSES = int(os.environ.get("QMPPROF_AARCH64_PAUSES", "25"))
+MORE_PAUSES = 10
 AARCH64 = ("--arch", "aarch64")
 #: "Thread 1.2 (CPU#1 [halted ])" in GDB's thread list: QEMU's gdbstub says so.
 HALTED = re.compile(r"CPU#(\d+) \[halted ?\]")
@@ -169,50 +171,74 @@ def run_pauses(
     name: str,
     *dump_args: str,
     programs_judged: frozenset[str] | None = None,
+    needed: dict[str, int] | None = None,
 ) -> dict[str, Tally]:
     """Every vCPU's stack at `pauses` random points against GDB's, in the class GDB gives
     it; `programs_judged`: only the busy samples whose address space runs one of these
-    (and the idle ones): the others' code keeps nothing the unwind asked for needs."""
+    (and the idle ones): the others' code keeps nothing the unwind asked for needs.
+    `needed`: the samples each class must have (default one each): pausing goes on past
+    `pauses` until it has them, up to MORE_PAUSES times as many, for a class a random
+    pause seldom lands in (pulse runs 10 % of one CPU)."""
     rng = seeded(name)
     tallies = {mode: Tally(mode) for mode in ("user", "kernel", "idle")}
+    needed = needed or dict.fromkeys(tallies, 1)
+    counts = Counter[str]()
     programs: dict[int, str] = {}
-    cut = woken = labelled = 0
-    for _ in range(pauses):
+    taken = 0
+    while taken < pauses or not all(tallies[m].pauses >= n for m, n in needed.items()):
+        assert taken < MORE_PAUSES * pauses, f"{name}: too few samples of a class needed"
+        taken += 1
         pause_randomly(gdb, rng)
         programs = programs or program_names(gdb, guest)
-        judged = []
-        for vcpu in dump_vcpus(guest, *dump_args):
-            number = int(str(vcpu["vcpu"]))
-            root = gdb.evaluate("$TTBR0_EL1", number + 1)
-            program = programs.get(int(root, 0)) if root else None
-            expected, stopped = up_to_first_signed(gdb_frames_in(gdb, guest, number, program))
-            frames = vcpu["frames"]
-            assert isinstance(frames, list)
-            ours = [(int(f["address"], 16), f["function"]) for f in frames]
-            if stopped:
-                cut += len(ours) > len(expected)
-                ours = ours[: len(expected)]
-            judged.append((number, program, expected, ours, str(vcpu["mode"])))
-            label = vcpu["process"]["name"] if isinstance(vcpu.get("process"), dict) else None
-            if vcpu["mode"] == "user" and label is not None:
-                labelled += 1
-                assert label == program, f"vCPU {number} runs {program}, labelled {label}"
-        # After the backtraces: GDB's thread list unwinds each thread's leaf with the
-        # symbols loaded then, and would keep that frame for the backtrace.
-        halted = halted_vcpus(gdb)
-        for number, program, expected, ours, our_mode in judged:
-            mode = oracle_mode(gdb, number, expected, halted)
-            if woken_in_idle_loop(mode, our_mode, expected, ours):
-                woken += 1
-            elif mode == "idle" or programs_judged is None or program in programs_judged:
-                tallies[mode].add(expected, ours, our_mode)
+        judge_pause(guest, gdb, programs, dump_args, programs_judged, tallies, counts)
         assert guest.status() == "paused", "qmpprof resumed a VM that GDB holds"
+    print(f"{name}: {taken} pauses")
     for mode, tally in tallies.items():
         print(tally.report(f"{name}, {mode} samples"))
+    cut, woken, labelled = counts["cut"], counts["woken"], counts["labelled"]
     print(f"{name}: {cut} samples judged up to the signed return address where GDB stopped")
     print(f"{name}: {woken} vCPUs woken, still at the instruction after their WFI")
     print(f"{name}: {labelled} user samples labelled with their process, each rightly")
     return tallies
+
+
+def judge_pause(
+    guest: Guest,
+    gdb: GdbMi,
+    programs: dict[int, str],
+    dump_args: tuple[str, ...],
+    programs_judged: frozenset[str] | None,
+    tallies: dict[str, Tally],
+    counts: Counter[str],
+) -> None:
+    """Every vCPU of one pause into `tallies` (by GDB's class); the cut, woken and
+    labelled samples into `counts`."""
+    judged = []
+    for vcpu in dump_vcpus(guest, *dump_args):
+        number = int(str(vcpu["vcpu"]))
+        root = gdb.evaluate("$TTBR0_EL1", number + 1)
+        program = programs.get(int(root, 0)) if root else None
+        expected, stopped = up_to_first_signed(gdb_frames_in(gdb, guest, number, program))
+        frames = vcpu["frames"]
+        assert isinstance(frames, list)
+        ours = [(int(f["address"], 16), f["function"]) for f in frames]
+        if stopped:
+            counts["cut"] += len(ours) > len(expected)
+            ours = ours[: len(expected)]
+        judged.append((number, program, expected, ours, str(vcpu["mode"])))
+        label = vcpu["process"]["name"] if isinstance(vcpu.get("process"), dict) else None
+        if vcpu["mode"] == "user" and label is not None:
+            counts["labelled"] += 1
+            assert label == program, f"vCPU {number} runs {program}, labelled {label}"
+    # After the backtraces: GDB's thread list unwinds each thread's leaf with the
+    # symbols loaded then, and would keep that frame for the backtrace.
+    halted = halted_vcpus(gdb)
+    for number, program, expected, ours, our_mode in judged:
+        mode = oracle_mode(gdb, number, expected, halted)
+        if woken_in_idle_loop(mode, our_mode, expected, ours):
+            counts["woken"] += 1
+        elif mode == "idle" or programs_judged is None or program in programs_judged:
+            tallies[mode].add(expected, ours, our_mode)
 
 
 @pytest.mark.parametrize(
@@ -253,5 +279,8 @@ def test_aarch64_frame_records_alone_agree_with_gdb(cpu: str, workdir: Path) -> 
     with aarch64_guest_under_gdb(workdir, *boot) as (guest, gdb):
         name = f"aarch64 fp records {cpu}"
         judged = frozenset({"pulse"})
-        tallies = run_pauses(guest, gdb, 2 * PAUSES, name, "--unwind", "fp", programs_judged=judged)
-    assert_every_class_agrees({mode: tallies[mode] for mode in ("user", "idle")})
+        needed = {"user": 5, "idle": 5}
+        tallies = run_pauses(
+            guest, gdb, 2 * PAUSES, name, "--unwind", "fp", programs_judged=judged, needed=needed
+        )
+    assert_every_class_agrees({mode: tallies[mode] for mode in needed})
