@@ -16,7 +16,7 @@ identified for its CR3 (if any) over the lower half.
 from __future__ import annotations
 
 from collections import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from qmpprof.address_space import (
     AddressSpace,
@@ -63,6 +63,8 @@ from qmpprof.user_files import UserFiles
 #: Address spaces kept built: one per process map seen (a guest forking busily makes
 #: many); past this many they are built again.
 MAX_ADDRESS_SPACES = 256
+#: vCPUs whose last sample `symbolize` keeps, before it starts over.
+MAX_REMEMBERED_VCPUS = 4096
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,10 @@ class Analyzer:
         self.generation = 0
         self.kernel_modules: tuple[KernelModule, ...] = ()
         self.kernel_module_files: dict[str, Module] = {}
+        #: Per vCPU, the last sample symbolized: (what it was made of, its generation,
+        #: the Sample). A halted vCPU's replayed sample (Capturer._unchanged) is then not
+        #: symbolized again: most samples of a mostly idle VM with many vCPUs.
+        self._last_symbolized: dict[int, tuple[CapturedSample, int, Sample]] = {}
 
     def use_kernel(self, kernel: Module, adapter: OsAdapter, types: KernelTypes) -> None:
         """Analyze with this kernel from now on (one read from the guest's memory once
@@ -302,6 +308,17 @@ class Analyzer:
 
     def symbolize(self, captured: CapturedSample) -> Sample:
         """The Sample for a captured (or replayed) stack."""
+        raw = captured.raw
+        last = self._last_symbolized.get(raw.vcpu)
+        if last is not None and last[1] == self.generation and _replayed(last[0], captured):
+            return replace(last[2], time=raw.time)
+        sample = self._symbolized(captured)
+        if len(self._last_symbolized) >= MAX_REMEMBERED_VCPUS:  # vCPU numbers are QEMU's
+            self._last_symbolized.clear()
+        self._last_symbolized[raw.vcpu] = (captured, self.generation, sample)
+        return sample
+
+    def _symbolized(self, captured: CapturedSample) -> Sample:
         raw, stack = captured.raw, captured.stack
         space, symbolizer = self._space_and_symbolizer(raw)
         frames = tuple(symbolizer.symbolize(f) for f in stack.frames)
@@ -339,6 +356,21 @@ class Analyzer:
         if self.files.module_for(leaf.mapping) is None:
             return Unsymbolized(NoUserSymbols.NO_HOST_FILE, leaf.module)
         return Unsymbolized(NoUserSymbols.OUTSIDE, leaf.module)
+
+
+def _replayed(before: CapturedSample, now: CapturedSample) -> bool:
+    """Whether `now` is `before` again but for its time: the very objects it was made
+    of, as Capturer._unchanged replays a halted vCPU's sample."""
+    a, b = before.raw, now.raw
+    return (
+        before.stack is now.stack
+        and before.process is now.process
+        and a.registers is b.registers
+        and a.windows is b.windows
+        and a.user_module == b.user_module
+        and a.error == b.error
+        and a.file_maps is b.file_maps
+    )
 
 
 def _torn(space: AddressSpace, stack: UnwoundStack) -> bool:

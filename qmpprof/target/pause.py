@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
 from qmpprof.errors import CommandFailed, MonitorStuck, QmpprofError, ResumeFailed, TargetGone
@@ -57,16 +57,6 @@ class PauseHold:
         self._session = session
         self._budget_s = budget_s
         self._mark = 0
-        self._meanwhile: Callable[[], Awaitable[None]] | None = None
-        self._meanwhile_error: Exception | None = None
-
-    def while_resuming(self, work: Callable[[], Awaitable[None]]) -> None:
-        """Run `work` once our `cont` is sent, while QEMU answers it: the VM runs
-        meanwhile, and the tick is shorter by the wait. Run at most once: not if the VM
-        is not ours to resume, nor if this connection was stuck before `cont` (the
-        caller then does the work itself). An error it raises leaves the block once
-        the VM is resumed."""
-        self._meanwhile = work
 
     def ours(self) -> bool:
         session = self._session
@@ -90,7 +80,7 @@ class PauseHold:
             await _settle(session)
         try:
             if self.ours():
-                await resume(session, self._guarded_meanwhile if self._meanwhile else None)
+                await resume(session)
             else:
                 session.cancel_primed()  # a primed `cont` must never run now
         except ResumeFailed:
@@ -98,17 +88,6 @@ class PauseHold:
         finally:
             if session.marker is not None and not session.resume_failed:
                 session.marker.set_paused(False)
-        if self._meanwhile_error is not None and error is None:
-            raise self._meanwhile_error
-
-    async def _guarded_meanwhile(self) -> None:
-        """The work of `while_resuming`, its error kept until `cont`'s reply is read (a
-        CommandFailed of its own must not pass for the `cont`'s)."""
-        assert self._meanwhile is not None
-        try:
-            await self._meanwhile()
-        except Exception as err:
-            self._meanwhile_error = err
 
 
 async def _settle(session: QmpSession) -> None:
@@ -121,17 +100,14 @@ async def _settle(session: QmpSession) -> None:
         await session.execute("query-status")
 
 
-async def resume(
-    session: QmpSession, meanwhile: Callable[[], Awaitable[None]] | None = None
-) -> None:
+async def resume(session: QmpSession) -> None:
     """`cont` a VM we paused. When this connection is stuck (a command timed out: QEMU
     may never answer it), resume on a fresh one: QEMU serves one client per socket, so
     ours is closed first. Raises ResumeFailed when the VM may still be paused, and
-    TargetGone when QEMU is gone (nothing left to resume). `meanwhile`: run while
-    QEMU answers `cont` on this connection (QmpSession.execute); it must not raise."""
+    TargetGone when QEMU is gone (nothing left to resume)."""
     if not session.timed_out:
         try:
-            await session.execute("cont", meanwhile=meanwhile)
+            await session.execute("cont")
             return
         except CommandFailed:
             pass  # timed out (or refused): try afresh

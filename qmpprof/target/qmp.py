@@ -33,7 +33,7 @@ import socket
 import stat
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -343,23 +343,12 @@ class QmpSession:
         command: str,
         arguments: Mapping[str, object] | None = None,
         id: str | None = None,
-        meanwhile: Callable[[], Awaitable[None]] | None = None,
     ) -> Any:
-        """Run one QMP command and return its `return` value; `id` goes with it when given.
-
-        `meanwhile`: work of ours run once the command is sent, before its reply is
-        read (QEMU answers `cont` a few milliseconds after resuming when the vCPU
-        threads hold the host's cores); it must not raise. Through a proxy
-        (one_at_a_time) it runs after the reply instead."""
+        """Run one QMP command and return its `return` value; `id` goes with it when given."""
         encoded = _request(command, arguments) if id is None else _encode(command, arguments, id)
         if self.one_at_a_time:
-            result = await self._execute_alone(command, encoded)
-            if meanwhile is not None:
-                await meanwhile()
-            return result
+            return await self._execute_alone(command, encoded)
         (future,) = self._send((command, encoded))
-        if meanwhile is not None:
-            await meanwhile()
         return await self._result(command, future)
 
     async def _execute_alone(self, command: str, encoded: bytes) -> Any:

@@ -3,11 +3,12 @@ halted vCPUs, and most of those halted in the same place with the same registers
 their vCPU's last sample. Such a sample is that last one again (Capturer._unchanged):
 here it must be what reading and unwinding that vCPU anew gives at the same moment
 (the tick's `take` of every vCPU again, as a retake reads them: nothing reused), over
-ticks between which the guest ran."""
+ticks between which the guest ran, and symbolized the same."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -44,5 +45,8 @@ async def test_a_halted_vcpu_unchanged_since_its_last_sample_is_that_sample_agai
                 vcpus = {sample.raw.vcpu for sample in ticked}
                 anew = await capturer.finish(await capturer.take(only=vcpus))
             assert [what_was_found(s) for s in ticked] == [what_was_found(s) for s in anew]
+            # A replayed sample is not symbolized again (Analyzer.symbolize): the same Sample
+            symbolized = [replace(analyzer.symbolize(s), time=0.0) for s in ticked]
+            assert symbolized == [replace(analyzer.symbolize(s), time=0.0) for s in anew]
             assert len({sample.raw.time for sample in ticked}) == 1, "a time not the tick's"
     assert capturer.unchanged_halted > 0, "idle vCPUs were read and unwound every tick"

@@ -26,13 +26,12 @@ import qmpprof.record.sampler as sampler
 import qmpprof.target.qmp as qmp
 from qmpprof.analysis import Analyzer
 from qmpprof.arguments import MAX_DURATION_S
-from qmpprof.errors import CommandFailed, MonitorStuck
+from qmpprof.errors import MonitorStuck
 from qmpprof.model import EndReason
 from qmpprof.modules import load_module
 from qmpprof.record.capture import CaptureConfig, Capturer
 from qmpprof.record.sampler import LoopConfig, sample_loop
 from qmpprof.target.memory import HmpMemory
-from qmpprof.target.pause import PauseHold
 from qmpprof.target.qmp import QmpSession, paused
 from tests.integration.conftest import (
     Guest,
@@ -267,55 +266,6 @@ async def test_a_pause_is_undone_when_its_task_is_cancelled(watched: tuple[Guest
             with pytest.raises(asyncio.CancelledError):
                 await task
             assert watcher.status() == "running"
-    finally:
-        await session.close()
-
-
-async def test_work_while_resuming_runs_once_cont_has_resumed_the_vm(
-    watched: tuple[Guest, str],
-) -> None:
-    """PauseHold.while_resuming: the work runs after our `cont` has gone out, before its
-    reply is read; the other client sees the VM resume while it runs (a work that ran
-    before `cont` was sent would wait for that RESUME until its socket timed out)."""
-    guest, other = watched
-    session = await QmpSession.connect(guest.qmp)
-    seen: list[str] = []
-    try:
-        with watching(other) as watcher:
-
-            async def work() -> None:
-                seen.append(watcher.wait_for("RESUME").name)
-
-            async with PauseHold(session) as hold:
-                await session.execute("stop")
-                assert hold.ours()
-                hold.while_resuming(work)
-            assert seen == ["RESUME"]
-            assert watcher.status() == "running"
-    finally:
-        await session.close()
-
-
-async def test_an_error_of_work_while_resuming_is_raised_with_the_vm_resumed(
-    watched: tuple[Guest, str],
-) -> None:
-    """The work's own CommandFailed is raised after `cont`'s reply: the connection is not
-    taken for stuck (no resume on a fresh one), and the VM runs."""
-    guest, other = watched
-    session = await QmpSession.connect(guest.qmp)
-
-    async def work() -> None:
-        raise CommandFailed("pmemsave", "the work's own failure")
-
-    try:
-        with watching(other) as watcher:
-            with pytest.raises(CommandFailed, match="the work's own failure"):
-                async with PauseHold(session) as hold:
-                    await session.execute("stop")
-                    hold.while_resuming(work)
-            assert watcher.status() == "running"
-        assert not session.timed_out
-        assert (await session.execute("query-status"))["status"] == "running"
     finally:
         await session.close()
 
