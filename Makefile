@@ -45,7 +45,7 @@ fuzz: deps guest guest-aarch64  ## every fuzz test (tests/fuzz) with FUZZ_CASES 
 
 ACCEL ?= tcg
 BENCH_STAMP := $(VENV)/.bench-installed
-bench: deps guest $(BENCH_STAMP)  ## benchmarks, TCG by default (ACCEL=kvm where KVM works); each ends with JSON
+bench: deps guest linux-guest $(BENCH_STAMP)  ## benchmarks, TCG by default (ACCEL=kvm where KVM works); each ends with JSON
 	$(BIN)/python bench/unwind.py
 	$(BIN)/python bench/sample_cost.py --accel $(ACCEL)
 	for abi in $$(bash examples/linux/fetch.sh --list); do $(BIN)/python bench/linux_sample_cost.py --abi $$abi || exit 1; done
@@ -55,6 +55,7 @@ bench: deps guest $(BENCH_STAMP)  ## benchmarks, TCG by default (ACCEL=kvm where
 	$(BIN)/python bench/perturbation.py --accel $(ACCEL)
 	$(BIN)/python bench/max_rate.py --accel $(ACCEL)
 	$(BIN)/python bench/smp.py --accel $(ACCEL)
+	$(BIN)/python bench/linux_vcpus.py
 	$(BIN)/python bench/startup.py
 
 #: Boots per kernel for `make kaslr-bench` (the issue's acceptance: 20 of 20).

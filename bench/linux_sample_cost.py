@@ -66,6 +66,7 @@ from typing import NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import median
+from bench.linux_rates import floor_run, qmpprof_run, vcpu_count
 from bench.sample_cost import floor_ms, ticks_ms
 from qmpprof.analysis import Analyzer
 from qmpprof.commands.common import TargetOptions, build_analyzer
@@ -79,6 +80,11 @@ BUILD = ROOT / "examples" / "linux" / "build"
 WORKLOADS = tuple(BUILD / name for name in ("crunch", "crunchnofp", "sysloop", "pinned", "sleeper"))
 #: The samples each stop tick captured, and what analysis made of them.
 Kept = list[tuple[CapturedSample, Sample]]
+#: Ratios kept per round: the tick's and the pause's (stop/floor), this process's CPU
+#: per tick (stop/floor), nonblocking's rate against its floor's, after/before.
+ROUND_RATIOS = ("tick", "pause", "cpu", "nonblocking_rate", "after_over_before")
+#: Unthrottled nonblocking vCPU samples a second, qmpprof's and its floor's.
+NONBLOCKING_RATES = ["nonblocking_vcpu_samples_per_s", "floor_nonblocking_vcpu_samples_per_s"]
 #: Issue 27's baseline: the code before its work, measured beside this tree.
 BASELINE = "267d6a9"
 TREE_COST = Path(__file__).with_name("tree_cost.py")
@@ -136,8 +142,9 @@ def measure(args: argparse.Namespace) -> Measured:
     names = ["floor", "stop", "analysis", "paused_stop", "floor_pause", "stop_pause"]
     names += ["paused_stop_pause", "floor_cpu", "stop_cpu", "paused_stop_cpu", "connect_cpu"]
     names += ["baseline_cpu_per_vcpu_sample", "tree_cpu_per_vcpu_sample"]
+    names += NONBLOCKING_RATES
     times: dict[str, list[float]] = {name: [] for name in names}
-    round_ratios: dict[str, list[float]] = {"tick": [], "pause": [], "after_over_before": []}
+    round_ratios: dict[str, list[float]] = {name: [] for name in ROUND_RATIOS}
     kept: Kept = []
     side_by_side = args.kernel == "memory" and args.ram == "file"
     with (
@@ -158,6 +165,7 @@ def measure(args: argparse.Namespace) -> Measured:
         analyzer = build_analyzer(options)
         print(f"kernel {guest.abi} from {args.kernel}, RAM {args.ram}", flush=True)
         paused = replace(options, unwind_paused=True)
+        vcpus = vcpu_count(guest.qmp)
         for turn in range(args.rounds):
             started = time.process_time()
             floor_pauses: list[float] = []
@@ -173,10 +181,16 @@ def measure(args: argparse.Namespace) -> Measured:
             times["stop_pause"] += stop.pauses
             times["stop_cpu"].append(stop.cpu_per_tick)
             times["connect_cpu"].append(stop.connect_cpu)
+            round_ratios["cpu"].append(stop.cpu_per_tick / times["floor_cpu"][-1])
             exact = asyncio.run(stop_ms(paused, analyzer, args.samples, []))
             times["paused_stop"] += exact.path
             times["paused_stop_pause"] += exact.pauses
             times["paused_stop_cpu"].append(exact.cpu_per_tick)
+            if args.nonblocking_seconds > 0:
+                ours, floor_rate = nonblocking_rates(options, guest.qmp, vcpus, args)
+                times["nonblocking_vcpu_samples_per_s"].append(ours)
+                times["floor_nonblocking_vcpu_samples_per_s"].append(floor_rate)
+                round_ratios["nonblocking_rate"].append(ours / floor_rate)
             if baseline is not None:
                 work = Path(directory)
                 before, after = turns(baseline, guest.qmp, ram, args.samples, work, turn)
@@ -186,6 +200,17 @@ def measure(args: argparse.Namespace) -> Measured:
         if args.profile:
             profile_stop(options, analyzer, args.samples, args.profile)
         return Measured(times, round_ratios, kept, guest.abi)
+
+
+def nonblocking_rates(
+    options: TargetOptions, socket: str, vcpus: int, args: argparse.Namespace
+) -> tuple[float, float]:
+    """vCPU samples a second, unthrottled, of --nonblocking (every sample unwound and
+    symbolized) and of its floor (`info registers -a` alone from a bare socket), one
+    after the other (bench/linux_rates.py's runs)."""
+    ours = asyncio.run(qmpprof_run(options, args.nonblocking_seconds, "nonblocking"))
+    floor = floor_run(socket, args.nonblocking_seconds, "nonblocking", vcpus)
+    return ours.samples / ours.seconds, floor.samples / floor.seconds
 
 
 @contextmanager
@@ -278,6 +303,12 @@ def main() -> None:
     )
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile top N")
     parser.add_argument(
+        "--nonblocking-seconds",
+        type=float,
+        default=3.0,
+        help="each round's unthrottled nonblocking run and its floor's (0: none)",
+    )
+    parser.add_argument(
         "--baseline",
         default=BASELINE,
         metavar="REV",
@@ -294,7 +325,11 @@ def main() -> None:
     )
     args = parser.parse_args()
     times, round_ratios, kept, abi = measure(args)
-    ms = {name: round(median(values) * 1000, 3) for name, values in times.items() if values}
+    ms = {
+        name: round(median(values) * 1000, 3)
+        for name, values in times.items()
+        if values and name not in NONBLOCKING_RATES
+    }
     figures = sample_figures(kept)
     vcpus = figures["samples"] / (args.rounds * args.samples)  # every stop tick, each vCPU
     ms["cpu_per_vcpu_sample"] = round(ms["stop_cpu"] / vcpus, 3) if vcpus else float("nan")
@@ -325,6 +360,28 @@ def main() -> None:
         f"--unwind-paused {ms['paused_stop_cpu']:.3f} ms; connecting {ms['connect_cpu']:.1f} ms"
     )
     print(f"our CPU per vCPU sample: {ms['cpu_per_vcpu_sample']:.3f} ms ({vcpus:g} vCPUs)")
+    cpu_ratio = round(ms["stop_cpu"] / ms["floor_cpu"], 2)
+    low, high = spread["cpu"]
+    print(
+        f"our CPU per tick, stop/floor: {cpu_ratio:.2f}x ({low:.2f}-{high:.2f} by round; "
+        f"issue 47's target 2.0)"
+    )
+    nonblocking_ratio = None
+    rates = {
+        name: round(median(runs), 1) for name in NONBLOCKING_RATES if (runs := times.pop(name))
+    }
+    if "nonblocking_rate" in spread:
+        ours, floor = (
+            rates["nonblocking_vcpu_samples_per_s"],
+            rates["floor_nonblocking_vcpu_samples_per_s"],
+        )
+        nonblocking_ratio = round(ours / floor, 2)
+        low, high = spread["nonblocking_rate"]
+        print(
+            f"nonblocking unthrottled: {ours:.0f} vCPU samples/s against its floor's "
+            f"{floor:.0f} ({nonblocking_ratio:.2f}x, {low:.2f}-{high:.2f} by round; "
+            f"issue 47's target 0.7)"
+        )
     after_over_before = None
     if times["tree_cpu_per_vcpu_sample"]:
         before, after = ms["baseline_cpu_per_vcpu_sample"], ms["tree_cpu_per_vcpu_sample"]
@@ -343,9 +400,11 @@ def main() -> None:
     )
     summary = {"abi": abi, "ram": args.ram, "kernel": args.kernel, "baseline": args.baseline}
     summary |= {f"{name}_ms": value for name, value in ms.items()}
-    ratios: dict[str, float | None] = {"stop_over_floor": ratio}
+    ratios: dict[str, float | None] = {"stop_over_floor": ratio, "cpu_over_floor": cpu_ratio}
+    ratios["nonblocking_rate_over_floor"] = nonblocking_ratio
     ratios |= {"paused_stop_over_floor": paused_ratio, "after_over_before": after_over_before}
     per_round = {f"{what}_ratio_range": list(bounds) for what, bounds in spread.items()}
+    summary |= rates
     print(json.dumps(summary | ratios | {"pause_over_floor": pause_ratio} | per_round | figures))
 
 
