@@ -213,7 +213,7 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
         choices=[g.value for g in Grouping],
         default=Grouping.THREAD.value,
         help="the levels above the stacks: process then thread (default, as perf and samply), "
-        "process then vCPU, or process only",
+        "process then vCPU, process only, or program only (comm: a program's processes merged)",
     )
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(

@@ -386,6 +386,11 @@ class Sample:
             return self.process.label()
         return f"cr3:{self.address_space:#x}"
 
+    def program(self) -> str:
+        """Its process's name (comm) without the pid: every process of one program alike
+        (perf's `--sort comm`); where no process is known, `label`."""
+        return self.process.name if self.process is not None else self.label()
+
 
 @dataclass(frozen=True)
 class KernelModule:

@@ -28,11 +28,18 @@ class Grouping(Enum):
     VCPU = "vcpu"
     #: Process only.
     PROCESS = "process"
+    #: Program only (the process's name, its comm): every process of one program merged,
+    #: as perf's `--sort comm`; a guest forking hundreds of short-lived processes of a
+    #: few programs is then a few roots.
+    COMM = "comm"
 
 
 def group_labels(sample: Sample, grouping: Grouping) -> tuple[str, ...]:
     """The labels above `sample`'s stack, outermost first: its process, then its thread
-    or vCPU as `grouping` says (a thread where it ran on no vCPU: a host thread)."""
+    or vCPU as `grouping` says (a thread where it ran on no vCPU: a host thread); by
+    program, that alone."""
+    if grouping is Grouping.COMM:
+        return (sample.program(),)
     process = sample.label()
     thread = sample.process.thread_label() if sample.process is not None else None
     if grouping is Grouping.VCPU and sample.vcpu >= 0:
@@ -82,6 +89,7 @@ class Profile:
     grouping: Grouping = Grouping.THREAD
     stacks: Counter[tuple[str, ...]] = field(default_factory=Counter)
     modes: Counter[Mode] = field(default_factory=Counter)
+    #: Samples by process label, or by program where grouped by program (COMM).
     processes: Counter[str] = field(default_factory=Counter)
     unsymbolized: Counter[Unsymbolized] = field(default_factory=Counter)
     torn: int = 0
@@ -99,7 +107,7 @@ class Profile:
         frames = frames_in_scope(sample, self.scope)
         if not frames:
             return
-        label = sample.label()
+        label = sample.program() if self.grouping is Grouping.COMM else sample.label()
         self.processes[label] += 1
         groups = group_labels(sample, self.grouping)
         self.stacks[(*groups, *(frame.label() for frame in reversed(frames)))] += 1

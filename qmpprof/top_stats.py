@@ -37,6 +37,8 @@ class TopStats:
     modes: Counter[Mode] = field(default_factory=Counter)
     vcpus: Counter[int] = field(default_factory=Counter)
     processes: Counter[str] = field(default_factory=Counter)
+    #: The same samples by program (the process's name without its pid).
+    programs: Counter[str] = field(default_factory=Counter)
     own: Counter[tuple[str, str]] = field(default_factory=Counter)
     total: Counter[tuple[str, str]] = field(default_factory=Counter)
 
@@ -54,6 +56,7 @@ class TopStats:
         if not self._shown(sample.mode):
             return
         self.processes[sample.label()] += 1
+        self.programs[sample.program()] += 1
         keys = [(f.label(), f.module or "?") for f in sample.frames]
         if keys:
             self.own[keys[0]] += 1
@@ -70,15 +73,18 @@ class TopStats:
     def reset(self) -> None:
         """Forget the counts; keep the filters."""
         self.ticks = 0
-        for counter in (self.modes, self.vcpus, self.processes, self.own, self.total):
+        counters = (self.modes, self.vcpus, self.processes, self.programs, self.own, self.total)
+        for counter in counters:
             counter.clear()
 
     def function_rows(self, key: SortKey, limit: int) -> list[Row]:
         rows = [Row(n, m, self.own[(n, m)], count) for (n, m), count in self.total.items()]
         return _sorted(rows, key)[:limit]
 
-    def process_rows(self, key: SortKey, limit: int) -> list[Row]:
-        rows = [Row(label, "", count, count) for label, count in self.processes.items()]
+    def process_rows(self, key: SortKey, limit: int, by_program: bool = False) -> list[Row]:
+        """A row per process, or per program (every process of one name together)."""
+        counts = self.programs if by_program else self.processes
+        rows = [Row(label, "", count, count) for label, count in counts.items()]
         return _sorted(rows, key)[:limit]
 
     def percent(self, count: int) -> float:

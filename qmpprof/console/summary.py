@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from qmpprof.model import Mode, RecordStats
-from qmpprof.profile import Profile
+from qmpprof.profile import Grouping, Profile
 from qmpprof.visible import visible
 
 SHOWN_FRAMES = 8
@@ -134,7 +134,8 @@ def _processes_line(profile: Profile) -> str:
     if rest:
         share = 100 * sum(n for _, n in rest) / total
         parts.append(f"{len(rest)} more {share:.1f}%")
-    return "processes: " + ", ".join(parts)
+    heading = "programs" if profile.grouping is Grouping.COMM else "processes"
+    return f"{heading}: " + ", ".join(parts)
 
 
 def top_stacks_table(profile: Profile, limit: int) -> Table:

@@ -29,7 +29,7 @@ HELP_TEXT = """Keys
   k  show/hide samples taken in the kernel
   u  show/hide samples taken in user space
   i  show/hide idle (halted) samples
-  p  switch between functions and processes
+  p  switch between functions, processes and programs (a program's processes together)
   r  reset the counts
   space  pause/resume the display (sampling goes on)
   q  quit (the VM keeps running)
@@ -42,6 +42,8 @@ class ViewState:
 
     sort: SortKey = SortKey.OWN
     processes: bool = False
+    #: With `processes`: a row per program (every process of one name), as `--group-by comm`.
+    programs: bool = False
     paused: bool = False
     help: bool = False
     rows: int = 15
@@ -65,7 +67,7 @@ def render(stats: TopStats, record: RecordStats, state: ViewState, title: str) -
     parts: list[RenderableType] = [
         Text(header, no_wrap=True, overflow="ellipsis"),
         Text(_modes(stats), no_wrap=True, overflow="ellipsis"),
-        Text(_vcpus(stats), no_wrap=True, overflow="ellipsis"),
+        Text(_vcpus(stats, state.programs), no_wrap=True, overflow="ellipsis"),
         _table(stats, state),
         Text(KEYS_HELP.format("resume" if state.paused else "pause"), style="dim"),
     ]
@@ -74,8 +76,8 @@ def render(stats: TopStats, record: RecordStats, state: ViewState, title: str) -
 
 def plain_snapshot(stats: TopStats, record: RecordStats, state: ViewState, title: str) -> str:
     """The same information as text lines, for a stdout that is not a terminal."""
-    lines = [_header(record, title), _modes(stats), _vcpus(stats)]
-    lines.append(f"{'%Own':>6} {'%Total':>7} {'Own':>6} {'Total':>6}  Function (module)")
+    lines = [_header(record, title), _modes(stats), _vcpus(stats, state.programs)]
+    lines.append(f"{'%Own':>6} {'%Total':>7} {'Own':>6} {'Total':>6}  {_heading(state)}")
     for row in _rows(stats, state):
         lines.append(_row_cells(stats, row))
     return "\n".join(lines)
@@ -119,18 +121,18 @@ def _modes(stats: TopStats) -> str:
     return shown + (f"  (hidden: {', '.join(hidden)})" if hidden else "")
 
 
-def _vcpus(stats: TopStats) -> str:
+def _vcpus(stats: TopStats, programs: bool) -> str:
     ticks = stats.ticks or 1
     cpus = " ".join(f"vCPU{n} busy {100 * c / ticks:.0f}%" for n, c in sorted(stats.vcpus.items()))
-    top = ", ".join(
-        f"{visible(label)} {stats.percent(c):.0f}%" for label, c in stats.processes.most_common(3)
-    )
-    return f"{cpus}  processes: {top or '-'}"
+    counts = stats.programs if programs else stats.processes
+    top = ", ".join(f"{visible(name)} {stats.percent(c):.0f}%" for name, c in counts.most_common(3))
+    heading = "programs" if programs else "processes"
+    return f"{cpus}  {heading}: {top or '-'}"
 
 
 def _rows(stats: TopStats, state: ViewState) -> list[Row]:
     if state.processes:
-        return stats.process_rows(state.sort, state.rows)
+        return stats.process_rows(state.sort, state.rows, by_program=state.programs)
     return stats.function_rows(state.sort, state.rows)
 
 
@@ -138,8 +140,7 @@ def _table(stats: TopStats, state: ViewState) -> Table:
     table = Table(box=None, expand=True, show_edge=False, pad_edge=False)
     for name in ("%Own", "%Total", "Own", "Total"):
         table.add_column(name, justify="right", no_wrap=True)
-    label = "Process" if state.processes else "Function (module)"
-    table.add_column(label, overflow="ellipsis", no_wrap=True, ratio=1)
+    table.add_column(_heading(state), overflow="ellipsis", no_wrap=True, ratio=1)
     for row in _rows(stats, state):
         name = _row_name(row, state.processes)
         table.add_row(
@@ -150,6 +151,13 @@ def _table(stats: TopStats, state: ViewState) -> Table:
             Text(name),
         )
     return table
+
+
+def _heading(state: ViewState) -> str:
+    """What the last column lists."""
+    if not state.processes:
+        return "Function (module)"
+    return "Program" if state.programs else "Process"
 
 
 def _row_name(row: Row, process: bool) -> str:

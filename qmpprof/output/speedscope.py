@@ -63,7 +63,9 @@ def speedscope_document(
 
 def _profile_key(sample: Sample, grouping: Grouping) -> tuple[int, str, int, str]:
     """Which profile `sample` goes to: (vCPU or -1, process, thread or -1, the thread's
-    own name or "")."""
+    own name or ""); by program, the program alone."""
+    if grouping is Grouping.COMM:
+        return -1, sample.program(), -1, ""
     vcpu = sample.vcpu if grouping is Grouping.VCPU else -1
     thread = -1 if grouping is Grouping.PROCESS else _thread(sample)
     named = sample.process.thread_name if sample.process is not None and thread >= 0 else None

@@ -108,3 +108,21 @@ def test_each_short_lived_process_s_frames_are_named_by_the_files_it_mapped(
 
 def shown(stack: Stack) -> str:
     return " <- ".join(f"{f.name} ({f.file})" for f in reversed(stack))
+
+
+def test_grouped_by_program_the_children_are_one_root(
+    spawner_guest: LinuxGuest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """`--group-by comm`: spawner's dozens of short-lived children (each `dynwork (pid)`
+    in the default grouping) are one root, `dynwork`, in the folded stacks and in the
+    summary's program line, as perf's comm sort shows them."""
+    output = tmp_path_factory.mktemp("comm") / "programs.folded"
+    target = ("--qmp-socket", spawner_guest.qmp, "--group-by", "comm")
+    done = run_cached(*target, "--duration", "4", "-o", str(output))
+    assert done.returncode == 0, done.stderr
+    roots = {line.split(";", 1)[0] for line in output.read_text().splitlines()}
+    assert "dynwork" in roots and "spawner" in roots, roots
+    assert not [root for root in roots if re.search(r" \(\d+\)$", root)], roots
+    summary = done.stderr + done.stdout
+    (programs,) = [line for line in summary.splitlines() if line.startswith("programs: ")]
+    assert programs.count("dynwork ") == 1 and " more " not in programs, programs

@@ -112,3 +112,18 @@ def test_folded_stacks_have_the_thread_or_the_vcpu_below_the_process() -> None:
         for each in samples:
             profile.add(each)
         assert set(folded_lines(profile)) >= lines, grouping
+
+
+def test_grouped_by_program_every_process_of_one_name_is_one_root() -> None:
+    """`--group-by comm` (perf's `--sort comm`): a forking guest's hundreds of pids of a
+    few programs are a few roots, in the stacks and in the summary's counts."""
+    children = [Process(pid, "sh", tid=pid) for pid in range(100, 105)]
+    samples = [sample(["fork", "main"], process=child) for child in children]
+    samples.append(sample(["leaf", "main"]))
+    profile = Profile(grouping=Grouping.COMM)
+    for each in samples:
+        profile.add(each)
+    assert sorted(folded_lines(profile)) == ["crunch;main;leaf 1", "sh;main;fork 5"]
+    assert profile.processes == {"sh": 5, "crunch": 1}
+    unknown = sample(["leaf"], process=None)
+    assert unknown.program() == unknown.label() == "cr3:0x5000"

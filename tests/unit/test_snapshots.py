@@ -22,7 +22,7 @@ from qmpprof.console.summary import render_summary
 from qmpprof.console.top import ViewState, plain_snapshot, render
 from qmpprof.model import Ending, EndReason, RecordStats, Sample
 from qmpprof.output.dump import dump_json, dump_text
-from qmpprof.profile import Profile
+from qmpprof.profile import Grouping, Profile
 from qmpprof.top_stats import SortKey, TopStats
 from tests.unit.saved_samples import load_samples
 
@@ -57,8 +57,8 @@ def drawn(renderable: RenderableType) -> str:
     return console.export_text()
 
 
-def profile_of(samples: list[Sample]) -> Profile:
-    profile = Profile()
+def profile_of(samples: list[Sample], grouping: Grouping = Grouping.THREAD) -> Profile:
+    profile = Profile(grouping=grouping)
     for sample in samples:
         profile.add(sample)
     return profile
@@ -69,6 +69,13 @@ def test_summary() -> None:
     note = "kernel.elf: 2 functions without usable CFI (e.g. isr_stub: unknown CFA instruction)"
     render_summary(profile_of(SAMPLES), STATS, console, [note], limit=5)
     assert_snapshot("summary.txt", console.export_text())
+
+
+def test_summary_by_program() -> None:
+    """`--group-by comm`: crunch's two processes are one program, one root."""
+    console = recording_console()
+    render_summary(profile_of(SAMPLES, Grouping.COMM), STATS, console, limit=5)
+    assert_snapshot("summary_programs.txt", console.export_text())
 
 
 def test_summary_of_a_recording_that_went_wrong() -> None:
@@ -116,6 +123,7 @@ def top_stats() -> TopStats:
     [
         ("top_functions.txt", ViewState(rows=8)),
         ("top_processes.txt", ViewState(sort=SortKey.TOTAL, processes=True, paused=True)),
+        ("top_programs.txt", ViewState(sort=SortKey.TOTAL, processes=True, programs=True)),
         ("top_help.txt", ViewState(help=True)),
     ],
 )
