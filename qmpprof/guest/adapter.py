@@ -107,7 +107,8 @@ def task_fields(pid_offset: int, name_offset: int, name_size: int) -> TaskFields
 @dataclass(frozen=True)
 class KernelFacts:
     """What adapters probe a kernel ELF for, read without touching its DWARF: the
-    addresses of the data symbols some adapter asked about, and its section names."""
+    addresses of the symbols some adapter asked about (data, and code labels such as
+    entry_SYSCALL_64), and its section names."""
 
     path: Path
     symbols: dict[str, int]

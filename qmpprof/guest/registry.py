@@ -39,7 +39,7 @@ def kernel_facts(kernel: Path, kinds: Sequence[AdapterKind] = ADAPTERS) -> Kerne
     wanted = frozenset().union(*(kind.probe_symbols for kind in kinds))
     try:
         with open_elf(kernel) as elf:
-            symbols = read_object_symbols(elf, wanted, file_key(elf))
+            symbols = read_object_symbols(elf, wanted, file_key(elf), code=True)
             sections = frozenset(section.name for section in elf.iter_sections())
             word = elf.elfclass // 8
     except BadElf:

@@ -373,12 +373,17 @@ class Capturer:
         return adapter.task_address(raw.registers, WindowMemory(raw.windows))
 
     async def _stack_window(self, regs: RegisterSet) -> MemoryWindow | None:
+        """The stack from just below RSP up; None when nothing there can be read. An
+        x86-64 stack that ends at RSP (nothing pushed yet: Linux's system-call entry
+        right after it loads the task's stack top) is the bytes below it: the stack is
+        empty, not unreadable, and its caller may be elsewhere (the user registers)."""
         base = regs.sp - BELOW_RSP
         size = self._config.stack_bytes + BELOW_RSP
         data = await self._memory.read_window(regs.vcpu, base, size)
         if len(data) <= BELOW_RSP:  # the page below RSP may be unmapped: start at RSP
-            base = regs.sp
-            data = await self._memory.read_window(regs.vcpu, base, self._config.stack_bytes)
+            above = await self._memory.read_window(regs.vcpu, regs.sp, self._config.stack_bytes)
+            if above or len(data) < BELOW_RSP or regs.isa != "x86_64":
+                base, data = regs.sp, above
         return MemoryWindow(base, data) if data else None
 
     async def _complete(self, raw: RawSample) -> CapturedSample:

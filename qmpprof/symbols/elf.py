@@ -284,12 +284,15 @@ def _code_symbols(elf: ELFFile) -> list[Symbol]:
 
 
 def read_object_symbols(
-    elf: ELFFile, names: Collection[str], key: FileKey | None = None
+    elf: ELFFile, names: Collection[str], key: FileKey | None = None, code: bool = False
 ) -> dict[str, int]:
-    """The addresses of the data symbols (STT_OBJECT) called `names`, where present;
-    kept in the derived cache under `key` for this set of names."""
-    kind = kind_for("object-symbols", names)
-    return derived(key, kind, lambda: _object_symbols(elf, names), dict, _addresses)
+    """The addresses of the data symbols (STT_OBJECT) called `names`, where present, and
+    with `code` of code symbols too (a label in assembly is STT_NOTYPE); kept in the
+    derived cache under `key` for this set of names."""
+    kind = kind_for("named-symbols" if code else "object-symbols", names)
+    types = _CODE_TYPES | {_STT_OBJECT} if code else frozenset({_STT_OBJECT})
+    read = lambda: _object_symbols(elf, names, types)  # noqa: E731
+    return derived(key, kind, read, dict, _addresses)
 
 
 def _addresses(plain: dict[str, int]) -> dict[str, int]:
@@ -298,12 +301,12 @@ def _addresses(plain: dict[str, int]) -> dict[str, int]:
     return plain
 
 
-def _object_symbols(elf: ELFFile, names: Collection[str]) -> dict[str, int]:
+def _object_symbols(elf: ELFFile, names: Collection[str], types: frozenset[int]) -> dict[str, int]:
     entries = symbol_entries(elf)
     wanted = entries.offsets_of(names)
     found: dict[str, int] = {}
     for name_offset, info, _, value, _ in entries:
-        if name_offset in wanted and info & 0xF == _STT_OBJECT:
+        if name_offset in wanted and info & 0xF in types:
             found.setdefault(wanted[name_offset], value)
     return found
 

@@ -84,6 +84,8 @@ ABI = os.environ.get("QMPPROF_LINUX_GDB_ABI") or None
 KASLR = os.environ.get("QMPPROF_LINUX_GDB_KASLR") == "1"
 #: QEMU's CPU model (boot.sh's default, qemu64, if unset; `max`: 5-level paging).
 CPU = os.environ.get("QMPPROF_LINUX_GDB_CPU") or None
+#: Kernel command-line arguments added at boot (`pti=on`: page-table isolation).
+APPEND = os.environ.get("QMPPROF_LINUX_GDB_APPEND") or None
 #: The module the loopread workload loads (its path under lib/modules/ABI/kernel/).
 LOOP_MODULE = "drivers/block/loop"
 PAUSES = int(os.environ.get("QMPPROF_LINUX_GDB_PAUSES", "20"))
@@ -699,7 +701,7 @@ def agreements(guest: LinuxGuest, pauses: int, where: str) -> tuple[Agreement, A
     """Empty tallies of qmpprof given the vmlinux (its `memory` the other) and of qmpprof
     given no kernel file, for `pauses` pauses (`where`: what they are, if not random)."""
     aliases = Aliases.of(guest.kernel)
-    said = f"{guest.abi}, KASLR {'on' if KASLR else 'off'}{where}"
+    said = f"{guest.abi}, KASLR {'on' if KASLR else 'off'}{', ' + APPEND if APPEND else ''}{where}"
     result = Agreement(pauses, aliases, said)
     result.memory = Agreement(pauses, aliases, f"{said}, no --kernel", from_memory=True)
     result.memory.labels, result.memory.slide = KernelLabels(guest.kernel), kernel_slide(guest)
@@ -711,8 +713,9 @@ def guest_under_gdb(workdir: Path, *boot: str) -> Iterator[tuple[LinuxGuest, Lin
     gdb_socket = str(workdir / "gdb.sock")
     kaslr = () if KASLR else ("--nokaslr",)
     cpu = ("--cpu", CPU) if CPU else ()
+    append = ("--append", APPEND) if APPEND else ()
     with running_linux(
-        workdir, *kaslr, *cpu, "--smp", str(VCPUS), "--gdb", gdb_socket, *boot, abi=ABI
+        workdir, *kaslr, *cpu, *append, "--smp", str(VCPUS), "--gdb", gdb_socket, *boot, abi=ABI
     ) as guest:
         gdb = GdbMi(guest.kernel, gdb_socket, timeout=GDB_TIMEOUT_S, offset=kernel_slide(guest))
         try:
@@ -987,6 +990,94 @@ def test_a_stop_on_the_way_back_to_user_space_agrees_with_gdb(
             assert observed.kernel[0].address == site, stopped
             judge(result, guest, oracle, thread, observed)
     every_stop_agreed(result, USER_TASK_WHOLE, stops)
+
+
+def return_from_system_call(gdb: GdbMi) -> int:
+    """Where entry_SYSCALL_64 goes on once do_syscall_64 has returned: the address after
+    its call, from GDB's disassembly of the running kernel."""
+    text = "".join(gdb.console("x/120i entry_SYSCALL_64"))
+    lines = re.findall(r"(0x[0-9a-f]+) <entry_SYSCALL_64\+\d+>:\\t(\w+)[^\\]*", text)
+    calls = [i for i, (_, op) in enumerate(lines) if op == "call"]
+    found = [
+        i for i in calls if "do_syscall_64" in text.split(lines[i][0], 1)[1].split("\\n", 1)[0]
+    ]
+    assert found and found[0] + 1 < len(lines), f"no call of do_syscall_64 in {text[:2000]}"
+    return int(lines[found[0] + 1][0], 16)
+
+
+def step_instruction(gdb: GdbMi, thread: int) -> None:
+    gdb.command(f"-thread-select {thread}")
+    gdb.command("-exec-step-instruction", done="^running")
+    gdb.wait_for("*stopped")
+
+
+#: x86's `call rel32` (e8 and four bytes): entry_SYSCALL_64's call of do_syscall_64.
+CALL_REL32_BYTES = 5
+#: The most instructions from do_syscall_64's return to user mode (6.1's path is ~60).
+MAX_RETURN_STEPS = 200
+
+
+def test_every_instruction_of_the_system_call_return_agrees_with_gdb(
+    linux_under_gdb: tuple[LinuxGuest, LinuxOracle],
+) -> None:
+    """A vCPU stepped (GDB's stepi) through the whole of a system call's return to user
+    space, from do_syscall_64's return into entry_SYSCALL_64 to the user instruction
+    after `sysretq`: pt_regs checked and popped off the task's stack, the switch to the
+    CPU's entry stack, the last pops, the user stack pointer back in RSP, swapgs (issue
+    48: on 5.10 a pause there gave the kernel frame alone). At every instruction GDB's
+    user frames come from the pt_regs the return restores (its memory still holds
+    them); qmpprof, with the vmlinux and with none, must agree on the whole stack."""
+    guest, oracle = linux_under_gdb
+    gdb = oracle.gdb
+    thread, stopped = stop_at(gdb, return_from_system_call(gdb))
+    result, _ = agreements(guest, 0, ", stepped from do_syscall_64's return to user mode")
+    for steps in range(MAX_RETURN_STEPS):
+        if oracle.number("$cs", thread) & 3 == 3:
+            break  # back in user mode: sysretq ran
+        observed = replace(oracle.observe(thread), user_registers_whole=True)
+        assert observed.kind == USER_TASK_KERNEL and observed.user, (steps, stopped)
+        judge(result, guest, oracle, thread, observed)
+        step_instruction(gdb, thread)
+    else:
+        raise AssertionError(f"still in the kernel after {MAX_RETURN_STEPS} instructions")
+    result.pauses = from_memory(result).pauses = steps
+    assert steps >= 10, steps
+    every_stop_agreed(result, USER_TASK_WHOLE, steps)
+
+
+def test_every_instruction_of_the_system_call_entry_agrees_with_gdb(
+    linux_under_gdb: tuple[LinuxGuest, LinuxOracle],
+) -> None:
+    """A vCPU stepped (GDB's stepi) through the whole of a system call's entry, from
+    entry_SYSCALL_64's first instruction to its call of do_syscall_64: swapgs, the user
+    stack pointer set aside, the switch to the task's stack, pt_regs pushed register by
+    register. The user registers at each of these instructions are those the entry
+    saves, so GDB's user frames come from the pt_regs complete at the call; its kernel
+    frame is the leaf it names. qmpprof (its dump taken at each instruction), with the
+    vmlinux and with none, must agree with them at every one."""
+    guest, oracle = linux_under_gdb
+    gdb = oracle.gdb
+    (entry,) = nm_symbols(guest.kernel)["entry_SYSCALL_64"]
+    entry += kernel_slide(guest)
+    call = return_from_system_call(gdb) - CALL_REL32_BYTES
+    thread, stopped = stop_at(gdb, entry)
+    taken: list[tuple[GdbFrame, Dumped, Dumped]] = []
+    while oracle.number("$pc", thread) != call:
+        assert len(taken) < MAX_RETURN_STEPS, f"no call of do_syscall_64 after {len(taken)}"
+        leaf = gdb.frames(thread)[0]
+        with_files = qmpprof_frames(guest, oracle.module_dir)[thread - 1]
+        no_files = qmpprof_frames(guest, oracle.module_dir, True)[thread - 1]
+        taken.append((leaf, with_files, no_files))
+        step_instruction(gdb, thread)
+    saved = replace(oracle.observe(thread), user_registers_whole=True)
+    assert saved.kind == USER_TASK_KERNEL and saved.user, stopped
+    result, _ = agreements(guest, len(taken), ", stepped from entry_SYSCALL_64 to its call")
+    for leaf, with_files, no_files in taken:
+        observed = replace(saved, kernel=[leaf], kernel_complete=False)
+        result.add(observed, with_files)
+        from_memory(result).add(observed, no_files)
+    assert len(taken) >= 10, len(taken)
+    every_stop_agreed(result, USER_TASK_WHOLE, len(taken))
 
 
 #: Stops at the first instruction of a retpoline thunk.

@@ -38,7 +38,9 @@ from dataclasses import dataclass
 
 from qmpprof.guest.adapter import NAME_LIMIT, KernelFacts, UserRegisters, task_name
 from qmpprof.guest.dwarf_types import Member
+from qmpprof.guest.linux import syscall_entry
 from qmpprof.guest.linux.page_cache import LinearBases
+from qmpprof.guest.linux.syscall_entry import SystemCallEntry
 from qmpprof.memory import FetchingMemory, MemoryReader, read_word
 from qmpprof.model import IDLE_CONTEXT, MemoryWindow, Process, RegisterSet
 from qmpprof.unwind.orc import PT_REGS
@@ -165,7 +167,14 @@ class TaskLayout:
 class LinuxAdapter:
     name = "linux"
     gives_user_roots = False  # x86: CR3 is in the register dump
-    probe_symbols = _MARKERS | {"__per_cpu_offset", "cpu_current_top_of_stack", *_CURRENT}
+    probe_symbols = _MARKERS | {
+        "__per_cpu_offset",
+        "cpu_current_top_of_stack",
+        syscall_entry.TSS,
+        syscall_entry.ENTRY,
+        syscall_entry.AFTER_HARDWARE_FRAME,
+        *_CURRENT,
+    }
 
     def __init__(
         self,
@@ -175,6 +184,7 @@ class LinuxAdapter:
         banner: int | None = None,
         top_of_stack: int | None = None,
         word: int = 8,
+        system_call_entry: SystemCallEntry | None = None,
     ) -> None:
         self.per_cpu_offsets = per_cpu_offsets
         self.current_task = current_task
@@ -185,6 +195,8 @@ class LinuxAdapter:
         self.banner = banner
         #: The kernel's pointer size: 8 (x86-64), 4 (i386; see the module's docstring).
         self.word = word
+        #: Where a system call's user registers are live, not yet in pt_regs.
+        self.system_call_entry = system_call_entry
         self._entry = _ENTRY_FRAME_32 if word == 4 else _ENTRY_FRAME_64
         self.bias = 0
         #: Per (vCPU, per-CPU variable), the value read for the registers of one moment:
@@ -214,12 +226,16 @@ class LinuxAdapter:
             return cls(banner=banner, word=facts.word)
         # 6.1 has no pcpu_hot: a kernel without BTF would scan all of its DWARF for it.
         structs = {"task_struct"} | ({"pcpu_hot"} & facts.symbols.keys())
-        layout = facts.types.layout(set(), structs, (*TASK_MEMBERS, "top_of_stack"))
+        if facts.word == 8 and syscall_entry.TSS in facts.symbols:
+            structs |= syscall_entry.TSS_STRUCTS
+        members = (*TASK_MEMBERS, "top_of_stack", *syscall_entry.TSS_MEMBERS)
+        layout = facts.types.layout(set(), structs, members)
         task = TaskLayout.from_members(layout.structs.get("task_struct", {}))
         if task is None:
             return cls(banner=banner, word=facts.word)
-        top = _top_of_stack(facts, layout.structs.get("pcpu_hot", {}))
-        return cls(offsets, current, task, banner, top, word=facts.word)
+        top = _top_of_stack(facts, layout.structs)
+        entry = SystemCallEntry.from_facts(facts, layout.structs)
+        return cls(offsets, current, task, banner, top, facts.word, entry)
 
     def relocate(self, bias: int) -> None:
         self.bias = bias
@@ -285,7 +301,15 @@ class LinuxAdapter:
     def user_registers(self, registers: RegisterSet, memory: MemoryReader) -> UserRegisters:
         """The `struct pt_regs` at the top of the running task's kernel stack, where every
         entry from user space (system call, interrupt, exception) saves the user's
-        registers; None when they are not a user's (a kernel thread, the idle task)."""
+        registers; None when they are not a user's (a kernel thread, the idle task). In
+        a system call's entry before it has saved them, the vCPU's own (syscall_entry.py)."""
+        entry = self.system_call_entry
+        if entry is not None:
+            live = entry.user_registers(
+                registers, self.bias, lambda regs, at: self._per_cpu_value(regs, memory, at)
+            )
+            if live is not None:
+                return live
         top = self._stack_top(registers, memory)
         return None if top is None else self._entry.user_registers(top, memory)
 
@@ -419,14 +443,27 @@ def segment_base(descriptor: int) -> int:
     return (descriptor >> 16) & 0xFF_FFFF | ((descriptor >> 56) & 0xFF) << 24
 
 
-def _top_of_stack(facts: KernelFacts, pcpu_hot: Mapping[str, Member]) -> int | None:
+def _top_of_stack(facts: KernelFacts, structs: Mapping[str, Mapping[str, Member]]) -> int | None:
     """The per-CPU offset of the running task's stack top: `cpu_current_top_of_stack`
-    (6.1), or `pcpu_hot.top_of_stack` (from 6.2)."""
+    (6.1), `pcpu_hot.top_of_stack` (from 6.2), or an x86-64 kernel's TSS's sp1, which
+    `cpu_current_top_of_stack` names before 6.1 (5.10: entry_SYSCALL_64 loads RSP from
+    %gs:cpu_tss_rw+12)."""
+    pcpu_hot = structs.get("pcpu_hot", {})
     if "cpu_current_top_of_stack" in facts.symbols:
         return facts.symbols["cpu_current_top_of_stack"]
     if "pcpu_hot" in facts.symbols and "top_of_stack" in pcpu_hot:
         return facts.symbols["pcpu_hot"] + pcpu_hot["top_of_stack"].offset
+    tss, hardware = structs.get("tss_struct", {}), structs.get("x86_hw_tss", {})
+    if _top_in_tss(facts) and "x86_tss" in tss and "sp1" in hardware:
+        return facts.symbols[syscall_entry.TSS] + tss["x86_tss"].offset + hardware["sp1"].offset
     return None
+
+
+def _top_in_tss(facts: KernelFacts) -> bool:
+    """Whether the stack top can only be the TSS's sp1: an x86-64 kernel with cpu_tss_rw
+    and neither per-CPU variable of later kernels."""
+    later = {"cpu_current_top_of_stack", "pcpu_hot"} & facts.symbols.keys()
+    return facts.word == 8 and syscall_entry.TSS in facts.symbols and not later
 
 
 def per_cpu_area(areas: int, cpu: int, memory: MemoryReader) -> int:
