@@ -204,10 +204,8 @@ def _on_key(key: str | None, state: ViewState, stats: TopStats, stop: asyncio.Ev
         stats.show_user = not stats.show_user
     elif key == "i":
         stats.show_idle = not stats.show_idle
-    elif key == "p":  # functions, then processes, then programs, then functions again
-        state.processes, state.programs = (
-            (True, state.processes) if not state.programs else (False, False)
-        )
+    elif key == "p":
+        state.listing = state.listing.next()
     elif key == "r":
         stats.reset()
     elif key == " ":

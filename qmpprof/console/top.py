@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import Enum
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -36,14 +37,26 @@ HELP_TEXT = """Keys
   h  show/hide this help"""
 
 
+class Listing(Enum):
+    """What the table lists, its last column's heading as the value."""
+
+    FUNCTIONS = "Function (module)"
+    PROCESSES = "Process"
+    #: A row per program: every process of one name together (`--group-by comm`).
+    PROGRAMS = "Program"
+
+    def next(self) -> Listing:
+        """The listing `p` goes to: functions, processes, programs, functions again."""
+        members = list(Listing)
+        return members[(members.index(self) + 1) % len(members)]
+
+
 @dataclass
 class ViewState:
     """What the user chose with the keys."""
 
     sort: SortKey = SortKey.OWN
-    processes: bool = False
-    #: With `processes`: a row per program (every process of one name), as `--group-by comm`.
-    programs: bool = False
+    listing: Listing = Listing.FUNCTIONS
     paused: bool = False
     help: bool = False
     rows: int = 15
@@ -67,7 +80,7 @@ def render(stats: TopStats, record: RecordStats, state: ViewState, title: str) -
     parts: list[RenderableType] = [
         Text(header, no_wrap=True, overflow="ellipsis"),
         Text(_modes(stats), no_wrap=True, overflow="ellipsis"),
-        Text(_vcpus(stats, state.programs), no_wrap=True, overflow="ellipsis"),
+        Text(_vcpus(stats, state.listing is Listing.PROGRAMS), no_wrap=True, overflow="ellipsis"),
         _table(stats, state),
         Text(KEYS_HELP.format("resume" if state.paused else "pause"), style="dim"),
     ]
@@ -76,8 +89,12 @@ def render(stats: TopStats, record: RecordStats, state: ViewState, title: str) -
 
 def plain_snapshot(stats: TopStats, record: RecordStats, state: ViewState, title: str) -> str:
     """The same information as text lines, for a stdout that is not a terminal."""
-    lines = [_header(record, title), _modes(stats), _vcpus(stats, state.programs)]
-    lines.append(f"{'%Own':>6} {'%Total':>7} {'Own':>6} {'Total':>6}  {_heading(state)}")
+    lines = [
+        _header(record, title),
+        _modes(stats),
+        _vcpus(stats, state.listing is Listing.PROGRAMS),
+    ]
+    lines.append(f"{'%Own':>6} {'%Total':>7} {'Own':>6} {'Total':>6}  {state.listing.value}")
     for row in _rows(stats, state):
         lines.append(_row_cells(stats, row))
     return "\n".join(lines)
@@ -131,8 +148,9 @@ def _vcpus(stats: TopStats, programs: bool) -> str:
 
 
 def _rows(stats: TopStats, state: ViewState) -> list[Row]:
-    if state.processes:
-        return stats.process_rows(state.sort, state.rows, by_program=state.programs)
+    if state.listing is not Listing.FUNCTIONS:
+        by_program = state.listing is Listing.PROGRAMS
+        return stats.process_rows(state.sort, state.rows, by_program=by_program)
     return stats.function_rows(state.sort, state.rows)
 
 
@@ -140,9 +158,9 @@ def _table(stats: TopStats, state: ViewState) -> Table:
     table = Table(box=None, expand=True, show_edge=False, pad_edge=False)
     for name in ("%Own", "%Total", "Own", "Total"):
         table.add_column(name, justify="right", no_wrap=True)
-    table.add_column(_heading(state), overflow="ellipsis", no_wrap=True, ratio=1)
+    table.add_column(state.listing.value, overflow="ellipsis", no_wrap=True, ratio=1)
     for row in _rows(stats, state):
-        name = _row_name(row, state.processes)
+        name = _row_name(row, state.listing is not Listing.FUNCTIONS)
         table.add_row(
             f"{stats.percent(row.own):.1f}",
             f"{stats.percent(row.total):.1f}",
@@ -151,13 +169,6 @@ def _table(stats: TopStats, state: ViewState) -> Table:
             Text(name),
         )
     return table
-
-
-def _heading(state: ViewState) -> str:
-    """What the last column lists."""
-    if not state.processes:
-        return "Function (module)"
-    return "Program" if state.programs else "Process"
 
 
 def _row_name(row: Row, process: bool) -> str:

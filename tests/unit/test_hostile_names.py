@@ -22,7 +22,7 @@ from rich.console import Console
 
 from qmpprof.analysis import Analyzer
 from qmpprof.console import progress
-from qmpprof.console.top import ViewState, plain_snapshot, render
+from qmpprof.console.top import Listing, ViewState, plain_snapshot, render
 from qmpprof.model import (
     CapturedSample,
     FrameAddress,
@@ -161,7 +161,7 @@ def test_a_rendered_top_frame(sample: Sample, processes: bool) -> None:
     console = Console(
         record=True, file=io.StringIO(), force_terminal=True, color_system="truecolor", width=300
     )
-    state = ViewState(processes=processes)
+    state = ViewState(listing=Listing.PROCESSES if processes else Listing.FUNCTIONS)
     console.print(render(top_stats(sample), RecordStats(), state, "\x1b]0;title\x07"))
     written = console.file.getvalue()  # type: ignore[attr-defined]
     assert raw_controls(STYLING.sub("", written)) == set()

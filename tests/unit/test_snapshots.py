@@ -19,7 +19,7 @@ import pytest
 from rich.console import Console, RenderableType
 
 from qmpprof.console.summary import render_summary
-from qmpprof.console.top import ViewState, plain_snapshot, render
+from qmpprof.console.top import Listing, ViewState, plain_snapshot, render
 from qmpprof.model import Ending, EndReason, RecordStats, Sample
 from qmpprof.output.dump import dump_json, dump_text
 from qmpprof.profile import Grouping, Profile
@@ -122,8 +122,11 @@ def top_stats() -> TopStats:
     ("name", "state"),
     [
         ("top_functions.txt", ViewState(rows=8)),
-        ("top_processes.txt", ViewState(sort=SortKey.TOTAL, processes=True, paused=True)),
-        ("top_programs.txt", ViewState(sort=SortKey.TOTAL, processes=True, programs=True)),
+        (
+            "top_processes.txt",
+            ViewState(sort=SortKey.TOTAL, listing=Listing.PROCESSES, paused=True),
+        ),
+        ("top_programs.txt", ViewState(sort=SortKey.TOTAL, listing=Listing.PROGRAMS)),
         ("top_help.txt", ViewState(help=True)),
     ],
 )
@@ -143,3 +146,10 @@ def test_top_says_what_nonblocking_did_about_torn_stacks() -> None:
         "32.0 ticks/s  late 3  failed 0  VM paused 0.0%  retaken 7  still torn 1  "
         "— qmpprof top /run/vm/qmp.sock"
     )
+
+
+def test_p_goes_from_functions_to_processes_to_programs_and_back() -> None:
+    seen = [Listing.FUNCTIONS]
+    for _ in range(3):
+        seen.append(seen[-1].next())
+    assert seen == [Listing.FUNCTIONS, Listing.PROCESSES, Listing.PROGRAMS, Listing.FUNCTIONS]
