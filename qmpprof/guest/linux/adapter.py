@@ -448,22 +448,12 @@ def _top_of_stack(facts: KernelFacts, structs: Mapping[str, Mapping[str, Member]
     (6.1), `pcpu_hot.top_of_stack` (from 6.2), or an x86-64 kernel's TSS's sp1, which
     `cpu_current_top_of_stack` names before 6.1 (5.10: entry_SYSCALL_64 loads RSP from
     %gs:cpu_tss_rw+12)."""
-    pcpu_hot = structs.get("pcpu_hot", {})
     if "cpu_current_top_of_stack" in facts.symbols:
         return facts.symbols["cpu_current_top_of_stack"]
-    if "pcpu_hot" in facts.symbols and "top_of_stack" in pcpu_hot:
-        return facts.symbols["pcpu_hot"] + pcpu_hot["top_of_stack"].offset
-    tss, hardware = structs.get("tss_struct", {}), structs.get("x86_hw_tss", {})
-    if _top_in_tss(facts) and "x86_tss" in tss and "sp1" in hardware:
-        return facts.symbols[syscall_entry.TSS] + tss["x86_tss"].offset + hardware["sp1"].offset
-    return None
-
-
-def _top_in_tss(facts: KernelFacts) -> bool:
-    """Whether the stack top can only be the TSS's sp1: an x86-64 kernel with cpu_tss_rw
-    and neither per-CPU variable of later kernels."""
-    later = {"cpu_current_top_of_stack", "pcpu_hot"} & facts.symbols.keys()
-    return facts.word == 8 and syscall_entry.TSS in facts.symbols and not later
+    if "pcpu_hot" in facts.symbols:
+        top = structs.get("pcpu_hot", {}).get("top_of_stack")
+        return None if top is None else facts.symbols["pcpu_hot"] + top.offset
+    return syscall_entry.tss_member(facts, structs, "sp1")
 
 
 def per_cpu_area(areas: int, cpu: int, memory: MemoryReader) -> int:

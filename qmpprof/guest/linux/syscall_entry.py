@@ -39,6 +39,18 @@ MAX_PROLOGUE = 0x100
 PerCpuRead = Callable[[RegisterSet, int], int]
 
 
+def tss_member(
+    facts: KernelFacts, structs: Mapping[str, Mapping[str, Member]], member: str
+) -> int | None:
+    """The per-CPU offset of `member` (sp1, sp2) of an x86-64 kernel's TSS,
+    `cpu_tss_rw.x86_tss.member`, where it has the symbol and the layouts (TSS_STRUCTS)."""
+    tss, hardware = structs.get("tss_struct", {}), structs.get("x86_hw_tss", {})
+    if facts.word != 8 or TSS not in facts.symbols or "x86_tss" not in tss:
+        return None
+    found = hardware.get(member)
+    return None if found is None else facts.symbols[TSS] + tss["x86_tss"].offset + found.offset
+
+
 @dataclass(frozen=True)
 class SystemCallEntry:
     """[start, end): entry_SYSCALL_64 up to its after_hwframe label (link addresses);
@@ -53,14 +65,11 @@ class SystemCallEntry:
         cls, facts: KernelFacts, structs: Mapping[str, Mapping[str, Member]]
     ) -> SystemCallEntry | None:
         """The entry, where an x86-64 kernel has the three symbols and the TSS's layout."""
-        symbols = facts.symbols
-        if facts.word != 8 or not {ENTRY, AFTER_HARDWARE_FRAME, TSS} <= symbols.keys():
+        symbols, sp2 = facts.symbols, tss_member(facts, structs, "sp2")
+        if sp2 is None or not {ENTRY, AFTER_HARDWARE_FRAME} <= symbols.keys():
             return None
         start, end = symbols[ENTRY], symbols[AFTER_HARDWARE_FRAME]
-        tss, hardware = structs.get("tss_struct", {}), structs.get("x86_hw_tss", {})
-        if not 0 < end - start <= MAX_PROLOGUE or "x86_tss" not in tss or "sp2" not in hardware:
-            return None
-        return cls(start, end, symbols[TSS] + tss["x86_tss"].offset + hardware["sp2"].offset)
+        return cls(start, end, sp2) if 0 < end - start <= MAX_PROLOGUE else None
 
     def user_registers(
         self, registers: RegisterSet, bias: int, per_cpu: PerCpuRead
