@@ -17,6 +17,10 @@ from pathlib import Path
 _FRAME = re.compile(r'frame=\{level="(\d+)",addr="(0x[0-9a-f]+)"(?:,func="([^"]*)")?')
 _REGISTER_NAME = re.compile(r'"([^"]*)"')
 _REGISTER_VALUE = re.compile(r'\{number="(\d+)",value="((?:[^"\\]|\\.)*)"\}')
+#: One line of GDB's `x/Ni`: "[=>] 0x… <symbol[+offset]>:<tab>mnemonic[ or tab]operands".
+_INSTRUCTION = re.compile(r"^(?:=>)?\s*(0x[0-9a-f]+) <[^>\n]*>:\t(\S+)[ \t]*(.*)$", re.MULTILINE)
+#: An instruction as GDB disassembles it: (address, mnemonic, operands).
+Instruction = tuple[int, str, str]
 #: GDB calls an interrupt frame this instead of naming its function.
 SIGNAL_FRAME = "<signal handler called>"
 #: Where GDB keeps the indexes of the debug files it read (outside the work tree).
@@ -60,6 +64,13 @@ def _unclone(names: list[str | None]) -> list[str | None]:
     """Names with GCC's clone suffixes dropped (`el0_svc_common.constprop.0` is the
     symbol of GDB's `el0_svc_common`)."""
     return [GCC_CLONE.sub("", name) if name else name for name in names]
+
+
+def instructions_in(text: str) -> list[Instruction]:
+    """The instructions in the text of GDB's `x/Ni` (as `gdb -batch` prints it)."""
+    return [
+        (int(address, 16), op, args.strip()) for address, op, args in _INSTRUCTION.findall(text)
+    ]
 
 
 def agree(gdb: list[GdbFrame], ours: Frames) -> bool:
@@ -154,6 +165,15 @@ class GdbMi:
     def console(self, command: str) -> list[str]:
         """A CLI command through MI (quotes in `command` must be escaped by the caller)."""
         return self.command(f'-interpreter-exec console "{command}"')
+
+    def instructions(self, start: str, count: int) -> list[Instruction]:
+        """GDB's disassembly of `count` instructions from `start` (a symbol, an address):
+        the console stream's lines (`~"…\\t…\\n"`), their escapes undone."""
+        lines = self.console(f"x/{count}i {start}")
+        text = "".join(
+            line[2:-1].encode().decode("unicode_escape") for line in lines if line.startswith('~"')
+        )
+        return instructions_in(text)
 
     def evaluate(self, expression: str, thread: int) -> str | None:
         """The value of `expression` in `thread`, as GDB prints it; None on error."""

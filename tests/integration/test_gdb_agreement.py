@@ -16,7 +16,7 @@ import os
 import random
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +29,7 @@ from tests.integration.gdb_mi import (
     Frames,
     GdbFrame,
     GdbMi,
+    Instruction,
     agree,
     without_hidden_inline_leaf,
 )
@@ -110,6 +111,10 @@ def gdb_guest(request: pytest.FixtureRequest, workdir: Path) -> Iterator[tuple[G
 def qmpprof_frames(guest: Guest, unwind: str) -> Frames:
     frames = dump_json(guest, "--unwind", unwind)[0]["frames"]
     return [(int(f["address"], 16), f["function"]) for f in frames]
+
+
+#: Whether an instruction (mnemonic, operands) is the one looked for.
+InstructionTest = Callable[[str, str], bool]
 
 
 def pause_randomly(gdb: GdbMi, rng: random.Random) -> list[GdbFrame]:
@@ -255,14 +260,22 @@ def mid_switch_window(gdb: GdbMi) -> range:
     task's CR3: from the instruction after the stack pointer's load up to the CR3 write.
     There the new task's user frames are in memory the vCPU cannot see yet (GDB reads
     the old task's memory at their addresses and goes on with garbage)."""
-    text = "".join(gdb.console("x/24i switch_context"))
-    found = re.findall(r"(0x[0-9a-f]+) <switch_context\+\d+>:\\t(\w+) +([^\\]*)", text)
-    starts = [int(address, 16) for address, _, _ in found]
-    moves = [(i, args.strip()) for i, (_, op, args) in enumerate(found) if op.startswith("mov")]
-    loads = [i for i, args in moves if re.fullmatch(r"%\w+,%[er]sp", args)]
-    writes = [i for i, args in moves if args.endswith(",%cr3")]
-    assert loads and writes and loads[0] < writes[0], f"no stack load then CR3 write in {found}"
-    return range(starts[loads[0] + 1], starts[writes[0]] + 1)
+    return window_between(
+        gdb.instructions("switch_context", 24),
+        lambda op, args: op.startswith("mov") and bool(re.fullmatch(r"%\w+,%[er]sp", args)),
+        lambda op, args: op.startswith("mov") and args.endswith(",%cr3"),
+    )
+
+
+def window_between(
+    code: list[Instruction], loads_stack: InstructionTest, writes_root: InstructionTest
+) -> range:
+    """From the instruction after the first that `loads_stack` up to the first that
+    `writes_root` (a context switch's new stack with the old address space)."""
+    loads = [i for i, (_, op, args) in enumerate(code) if loads_stack(op, args)]
+    writes = [i for i, (_, op, args) in enumerate(code) if writes_root(op, args)]
+    assert loads and writes and loads[0] < writes[0], f"no stack load, then root write: {code}"
+    return range(code[loads[0] + 1][0], code[writes[0]][0] + 1)
 
 
 def test_user_workload_on_two_vcpus_agrees_with_gdb(

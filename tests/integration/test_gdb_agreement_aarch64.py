@@ -32,13 +32,14 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import Guest, run_qmpprof, running_guest
-from tests.integration.gdb_mi import Frames, GdbFrame, GdbMi, agree
+from tests.integration.gdb_mi import Frames, GdbFrame, GdbMi, agree, instructions_in
 from tests.integration.test_gdb_agreement import (
     IDLE_LOOP,
     Tally,
     assert_every_class_agrees,
     gdb_frames_in,
     pause_randomly,
+    window_between,
 )
 from tests.seeds import seeded
 
@@ -61,12 +62,11 @@ def mid_switch_window(kernel: Path) -> range:
     command = ["gdb-multiarch", "-batch", "-ex", "set architecture aarch64"]
     command += ["-ex", "x/32i switch_context", str(kernel)]
     text = subprocess.run(command, capture_output=True, text=True, timeout=120).stdout
-    found = re.findall(r"(0x[0-9a-f]+) <switch_context\+\d+>:\t(\w+)\t([^\n]*)", text)
-    starts = [int(address, 16) for address, _, _ in found]
-    loads = [i for i, (_, op, args) in enumerate(found) if op == "mov" and args.startswith("sp,")]
-    writes = [i for i, (_, op, args) in enumerate(found) if op == "msr" and "ttbr0_el1" in args]
-    assert loads and writes and loads[0] < writes[0], f"no sp load then TTBR0 write in {text}"
-    return range(starts[loads[0] + 1], starts[writes[0]] + 1)
+    return window_between(
+        instructions_in(text),
+        lambda op, args: op == "mov" and args.startswith("sp,"),
+        lambda op, args: op == "msr" and "ttbr0_el1" in args,
+    )
 
 
 @contextmanager

@@ -995,14 +995,12 @@ def test_a_stop_on_the_way_back_to_user_space_agrees_with_gdb(
 def return_from_system_call(gdb: GdbMi) -> int:
     """Where entry_SYSCALL_64 goes on once do_syscall_64 has returned: the address after
     its call, from GDB's disassembly of the running kernel."""
-    text = "".join(gdb.console("x/120i entry_SYSCALL_64"))
-    lines = re.findall(r"(0x[0-9a-f]+) <entry_SYSCALL_64\+\d+>:\\t(\w+)[^\\]*", text)
-    calls = [i for i, (_, op) in enumerate(lines) if op == "call"]
-    found = [
-        i for i in calls if "do_syscall_64" in text.split(lines[i][0], 1)[1].split("\\n", 1)[0]
+    code = gdb.instructions("entry_SYSCALL_64", 120)
+    calls = [
+        i for i, (_, op, args) in enumerate(code) if op == "call" and "<do_syscall_64>" in args
     ]
-    assert found and found[0] + 1 < len(lines), f"no call of do_syscall_64 in {text[:2000]}"
-    return int(lines[found[0] + 1][0], 16)
+    assert calls and calls[0] + 1 < len(code), f"no call of do_syscall_64 in {code}"
+    return code[calls[0] + 1][0]
 
 
 def step_instruction(gdb: GdbMi, thread: int) -> None:
