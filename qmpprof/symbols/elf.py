@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import gc
 import itertools
 import re
@@ -291,7 +292,7 @@ def read_object_symbols(
     derived cache under `key` for this set of names."""
     kind = kind_for("named-symbols" if code else "object-symbols", names)
     types = _CODE_TYPES | {_STT_OBJECT} if code else frozenset({_STT_OBJECT})
-    read = lambda: _object_symbols(elf, names, types)  # noqa: E731
+    read = functools.partial(_object_symbols, elf, names, types)
     return derived(key, kind, read, dict, _addresses)
 
 
