@@ -231,6 +231,15 @@ class GdbMi:
     def set_register(self, thread: int, name: str, value: int) -> None:
         self.command(f"-data-evaluate-expression --thread {thread} ${name}={value:#x}")
 
+    def write_register(self, thread: int, name: str, value: int) -> None:
+        """set_register for a register GDB gives fields (x86's cr3: `$cr3 = N` is an
+        invalid cast): written by its number, as a whole."""
+        names = _REGISTER_NAME.findall(
+            next(line for line in self.command("-data-list-register-names") if "^done" in line)
+        )
+        number = names.index(name)
+        self.command(f"-data-write-register-values --thread {thread} x {number} {value:#x}")
+
     @contextmanager
     def symbols_from(self, elf: Path) -> Iterator[None]:
         """`elf`'s symbols (at its link addresses) loaded for the duration of the block."""

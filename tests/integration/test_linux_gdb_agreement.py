@@ -33,6 +33,16 @@ With KASLR on, GDB loads the vmlinux at the slide the guest says (init prints wh
 runs, GDB loads loop.ko's debug file (from the kernel's -dbg .deb) at the sections
 /sys/module/loop/sections gives, and qmpprof is given the guest's loop.ko (--module-dir).
 
+With page-table isolation (QMPPROF_LINUX_GDB_APPEND=pti=on) a vCPU in user mode, or in
+the entry code before it switches CR3, runs on the user half of its PGD pair, which maps
+almost none of the kernel, and GDB reads memory through the vCPU's own CR3 (QEMU's
+gdbstub): the task, the per-CPU areas, the kernel stack were unreadable. The oracle then
+sets the vCPU's CR3 to the kernel half of the pair (bit 12 clear: the kernel allocates the
+two as an 8 KiB pair, its own first) for its reads, through QEMU's gdbstub, which writes
+CR3 as the guest would, and puts it back exactly afterwards, checked (LinuxOracle.
+kernel_tables); qmpprof reads the kernel through the kernel's tables by itself
+(target/direct.py: isolated_kernel_root).
+
 The pauses are drawn from a fixed seed (tests.seeds; QMPPROF_SEED=N draws others).
 """
 
@@ -94,6 +104,8 @@ PAUSES = int(os.environ.get("QMPPROF_LINUX_GDB_PAUSES", "20"))
 #: the sweep only runs when asked for, or `make test` would grow by most of an hour.
 SWEEP_PAUSES = int(os.environ.get("QMPPROF_LINUX_GDB_SWEEP", "0"))
 KERNEL_HALF = 0xFFFF_8000_0000_0000
+#: CR3's bit that picks the user half of a PTI PGD pair (arch/x86/mm/pti.c: PTI_PGTABLE_SWITCH_BIT).
+PTI_USER_HALF = 0x1000
 PF_KTHREAD = 0x0020_0000
 #: Where the kernel is entered and left: assembly without CFI, below which GDB guesses.
 #: error_entry (called by the asm_* stubs to push and switch to the task's stack) has a
@@ -275,7 +287,8 @@ class LinuxOracle:
         self.gdb = gdb
         self.layout = layout
         self.module_dir = module_dir  # qmpprof's --module-dir, if the guest loaded one
-        self.per_cpu = {self.number(f"__per_cpu_offset[{cpu}]", 1) for cpu in range(VCPUS)}
+        with self.kernel_tables(1):  # vCPU 0 may be in user mode (pti=on)
+            self.per_cpu = {self.number(f"__per_cpu_offset[{cpu}]", 1) for cpu in range(VCPUS)}
         gdb.command("-gdb-set backtrace past-main on")  # qmpprof goes on to _start
         # GDB's first member of struct task_struct takes minutes (it expands compilation
         # units that only declare the struct): paid here, once, not in the first pause.
@@ -295,7 +308,7 @@ class LinuxOracle:
         GS and KERNEL_GS is this CPU's per-CPU area (swapgs swaps them at entry)."""
         bases = {self.number(f"${r}", thread) for r in ("gs_base", "k_gs_base")} & self.per_cpu
         assert len(bases) == 1, f"vCPU {thread - 1}: no per-CPU area in GS or KERNEL_GS"
-        address = self.number(f"*(unsigned long *){bases.pop() + self.current_task:#x}", 1)
+        address = self.number(f"*(unsigned long *){bases.pop() + self.current_task:#x}", thread)
         field = f"((struct task_struct *){address:#x})->"
         comm = self.gdb.evaluate(f'"{field}comm"', thread) or ""
         quoted = re.match(r'^\\"([^\\]*)', comm)  # "crunch\000…" or "sleeper", '\000' <repeats…>
@@ -311,8 +324,30 @@ class LinuxOracle:
     def observe(self, thread: int, pushed_at: int | None = None) -> Observed:
         """`pushed_at`: where the entry pushed the user registers, when they are not yet
         copied to the task's stack (a stop at sync_regs's first instruction)."""
-        task = self.task(thread)
-        return replace(self._observe(thread, task, pushed_at), label=task.label)
+        with self.kernel_tables(thread):
+            task = self.task(thread)
+            return replace(self._observe(thread, task, pushed_at), label=task.label)
+
+    @contextmanager
+    def kernel_tables(self, thread: int) -> Iterator[None]:
+        """The vCPU on the kernel's half of its PTI PGD pair for the block (see the
+        module's docstring), its CR3 put back exactly afterwards; as it is without PTI
+        or where it holds the kernel's half already."""
+        cr3 = self.cr3(thread)
+        if not cr3 & PTI_USER_HALF:
+            yield
+            return
+        self.gdb.write_register(thread, "cr3", cr3 & ~PTI_USER_HALF)
+        try:
+            yield
+        finally:
+            self.gdb.write_register(thread, "cr3", cr3)
+            self.gdb.console("maintenance flush register-cache")
+            assert self.cr3(thread) == cr3, "the vCPU's CR3 was not restored"
+
+    def cr3(self, thread: int) -> int:
+        """The vCPU's CR3 (GDB prints the expression `$cr3` as its fields)."""
+        return int(self.gdb.registers(thread)["cr3"], 16)
 
     def _observe(self, thread: int, task: Task, pushed_at: int | None) -> Observed:
         user_mode = self.number("$cs", thread) & 3 == 3
@@ -1076,6 +1111,88 @@ def test_every_instruction_of_the_system_call_entry_agrees_with_gdb(
         from_memory(result).add(observed, no_files)
     assert len(taken) >= 10, len(taken)
     every_stop_agreed(result, USER_TASK_WHOLE, len(taken))
+
+
+#: Interrupts and exceptions stopped at error_entry until one came from user mode.
+MAX_ENTRY_STOPS = 40
+#: Each instruction judged costs two `qmpprof dump`s: by default the first few and every
+#: ENTRY_STRIDE-th of error_entry's path are judged (about 3 minutes);
+#: QMPPROF_LINUX_GDB_EVERY_INSTRUCTION=1 judges every one.
+EVERY_INSTRUCTION = os.environ.get("QMPPROF_LINUX_GDB_EVERY_INSTRUCTION") == "1"
+ENTRY_STRIDE = 1 if EVERY_INSTRUCTION else 7
+ENTRY_FIRST = 4
+#: Above error_entry's return address at its first instruction: the error code (or -1),
+#: then the interrupt frame's RIP and CS.
+INTERRUPTED_CS_AT = 3 * 8
+
+
+def entry_from_user_mode(oracle: LinuxOracle, site: int) -> tuple[int, int]:
+    """Stop at error_entry's first instruction (`site`) until a vCPU reaches it from user
+    mode (the interrupt frame's CS): its GDB thread, and the return address into the
+    stub that called it (at RSP, on the CPU's entry stack, which the user half of a PTI
+    pair maps)."""
+    for _ in range(MAX_ENTRY_STOPS):
+        thread, _ = stop_at(oracle.gdb, site)
+        oracle.gdb.command(f"-thread-select {thread}")
+        rsp = oracle.number("$rsp", thread)
+        if oracle.word(rsp + INTERRUPTED_CS_AT) & 3 == 3:
+            return thread, oracle.word(rsp)
+    raise AssertionError(f"no entry from user mode in {MAX_ENTRY_STOPS} stops at error_entry")
+
+
+def with_stub(frames: list[GdbFrame], stub: GdbFrame) -> list[GdbFrame]:
+    """GDB's kernel frames down to the entry code (trusted_kernel_frames), the stub that
+    called error_entry added where GDB's frames end at error_entry: below it GDB reads
+    whatever word RSP points at (the pushed registers), the stub's return address only
+    at error_entry's first instruction and once they are all pushed."""
+    kernel, _ = trusted_kernel_frames(frames)
+    if kernel and kernel[-1].function == "error_entry":
+        return [*kernel, replace(stub, level=len(kernel))]
+    return kernel
+
+
+def test_every_instruction_of_an_interrupt_entry_from_user_mode_agrees_with_gdb(
+    linux_under_gdb: tuple[LinuxGuest, LinuxOracle],
+) -> None:
+    """A vCPU stepped (GDB's stepi) through error_entry, called by an interrupt's or an
+    exception's asm_* stub from user mode, to its return into the stub: the registers
+    pushed one by one (the return address moved to RSI, then pushed again), the swapgs,
+    the CR3 switch (`pti=on`), sync_regs's copy to the task's stack (5.10: the switch to
+    it inside error_entry, the return address in R12). Issue 48: a pause there gave the
+    user frames with the stub's frame missing (unwind/orc_mends.py). The oracle at each
+    instruction: GDB's leaf frames down to error_entry, the stub at the address GDB
+    stops at when error_entry returns, and GDB's backtrace from the pt_regs complete
+    there. qmpprof, with the vmlinux and with none, must agree on the whole stack."""
+    guest, oracle = linux_under_gdb
+    gdb = oracle.gdb
+    (site,) = nm_symbols(guest.kernel)["error_entry"]
+    thread, returns_to = entry_from_user_mode(oracle, site + kernel_slide(guest))
+    taken: list[tuple[list[GdbFrame], Dumped, Dumped]] = []
+    pcs: list[int] = []
+    while (pc := oracle.number("$pc", thread)) != returns_to:
+        assert len(pcs) < MAX_RETURN_STEPS, f"error_entry did not return after {len(pcs)}"
+        if pc not in pcs:  # `rep movsq` repeats its pc, once per word
+            pcs.append(pc)
+            if len(pcs) <= ENTRY_FIRST or len(pcs) % ENTRY_STRIDE == 0:
+                with oracle.kernel_tables(thread):
+                    frames = oracle.frames(thread)
+                with_files = qmpprof_frames(guest, oracle.module_dir)[thread - 1]
+                no_files = qmpprof_frames(guest, oracle.module_dir, True)[thread - 1]
+                taken.append((frames, with_files, no_files))
+        step_instruction(gdb, thread)
+    saved = replace(oracle.observe(thread), user_registers_whole=True)
+    assert saved.kind == USER_TASK_KERNEL and saved.user, saved
+    stub = saved.kernel[0]
+    assert stub.address == returns_to and stub.function and ENTRY.fullmatch(stub.function), stub
+    result, _ = agreements(guest, len(taken) + 1, ", stepped through error_entry")
+    for frames, with_files, no_files in taken:
+        observed = replace(saved, kernel=with_stub(frames, stub), kernel_complete=True)
+        result.add(observed, with_files)
+        from_memory(result).add(observed, no_files)
+    judge(result, guest, oracle, thread, replace(saved, kernel_complete=True))
+    print(f"error_entry: {len(pcs)} instructions from {stub.function}, {len(taken)} judged")
+    assert len(pcs) >= 30, len(pcs)
+    every_stop_agreed(result, USER_TASK_WHOLE, len(taken) + 1)
 
 
 #: Stops at the first instruction of a retpoline thunk.
