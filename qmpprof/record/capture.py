@@ -41,7 +41,7 @@ from qmpprof.target.direct import DirectMemory
 from qmpprof.target.memory import MemoryBackend
 from qmpprof.target.qmp import QmpSession
 from qmpprof.target.registers import MAX_KEPT_BLOCKS, ParsedRegisters
-from qmpprof.unwind.rules import RSP
+from qmpprof.unwind.rules import RIP, RSP
 
 #: Also read this much below RSP: CFI may restore a register from a slot the leaf
 #: has already popped (GCC keeps the save rule until the `ret`), and GDB reads it.
@@ -167,7 +167,7 @@ class Capturer:
         samples = [
             item
             if isinstance(item, CapturedSample)
-            else await self._examined(item, self._examined_windows)
+            else await self._examined(item, self._examined_windows, paused=False)
             for item in taken
         ]
         if self._modules is not None:
@@ -270,12 +270,16 @@ class Capturer:
         return await self._examined(raw, self._complete)
 
     async def _examined(
-        self, raw: RawSample, complete: Callable[[RawSample], Awaitable[CapturedSample]]
+        self,
+        raw: RawSample,
+        complete: Callable[[RawSample], Awaitable[CapturedSample]],
+        paused: bool = True,
     ) -> CapturedSample:
-        """`raw` examined by `complete`, with its process's file mappings when it has a
-        stack (_with_process_maps)."""
-        sample = await complete(raw)
-        return sample if raw.error is not None else await self._with_process_maps(sample, complete)
+        """`raw` examined by `complete`, with its process's file mappings
+        (_with_process_maps; `paused`: the VM has not run since `raw` was taken). A
+        sample whose stack could not be read has them too: its pc names its one frame
+        (a user stack's next page not touched yet, as a new process's ld.so's often is)."""
+        return await self._with_process_maps(await complete(raw), complete, paused)
 
     def _maps_guess(self, regs: RegisterSet) -> tuple[FileMapping, ...] | None:
         """The file mappings this address space's last sample ran with."""
@@ -291,6 +295,7 @@ class Capturer:
         fetch = window_fetch(self._memory.reader(regs.vcpu).read_prefix)
         copy = FetchingMemory([window] if window else [], fetch, MAX_LIVE_FETCHES)
         copied = self._copy_task_memory(regs, window, copy)
+        await self._walk_new_maps(regs, copy)
         # An AArch64 vCPU's caller may be in LR and x29 with nothing on its stack (a
         # leaf at an empty stack's top: call_on_irq_stack's callee on the IRQ stack).
         unwinds = window is not None or regs.isa == "aarch64"
@@ -336,15 +341,40 @@ class Capturer:
                     copy.read(user_rsp, self._config.stack_bytes)
         return True
 
+    async def _walk_new_maps(self, regs: RegisterSet, memory: FetchingMemory) -> None:
+        """While the VM is paused, walk the maps of a process whose user pc (the vCPU's,
+        or its saved pt_regs') none of its known maps hold, or whose address space is
+        less than a second old (ProcessMaps.would_walk): a process just forked or
+        exec'd, or mapping its libraries, may have exec'd or exited by the time the VM
+        runs again. Other walks (a caller's frame in a library mapped since) wait for
+        the unwinding, after the VM resumed."""
+        maps, adapter = self.maps, self._analyzer.adapter
+        if maps is None or not isinstance(adapter, LinuxAdapter):
+            return
+        with contextlib.suppress(MemoryFault):
+            process = adapter.process(regs, memory)
+            task = adapter.task_address(regs, memory)
+            if process is None or process.pid is None or task is None:
+                return
+            user = None if regs.user_mode else adapter.user_registers(regs, memory)
+            pc = regs.pc if regs.user_mode else user[RIP] if user is not None else None
+            if pc is not None and maps.would_walk(regs, (pc,), process.pid):
+                await maps.maps_for(regs, task, (pc,), process.pid)
+
     async def _examined_windows(self, raw: RawSample) -> CapturedSample:
         return self._analyzer.examine(raw).sample
 
     async def _with_process_maps(
-        self, sample: CapturedSample, complete: Callable[[RawSample], Awaitable[CapturedSample]]
+        self,
+        sample: CapturedSample,
+        complete: Callable[[RawSample], Awaitable[CapturedSample]],
+        paused: bool,
     ) -> CapturedSample:
         """`sample` with its process's file mappings: examined with those its address
         space had last (the same, nearly always), again (`complete`) if the maps read now
-        differ or files with no host copy were just read from the guest."""
+        differ or files with no host copy were just read from the guest. Not `paused`:
+        a new process is not walked again for code its maps hold (_walk_new_maps was,
+        while the VM was paused; it may have exec'd since)."""
         raw, process = sample.raw, sample.process
         if self.maps is None or process is None or process.pid is None:
             return sample  # no Linux maps, or a kernel thread or idle task: no user part
@@ -355,7 +385,7 @@ class Capturer:
         if task is None:
             return sample
         user_pcs = [f.address for f in sample.stack.frames if f.address < KERNEL_HALF]
-        found = await self.maps.maps_for(raw.registers, task, user_pcs, process.pid)
+        found = await self.maps.maps_for(raw.registers, task, user_pcs, process.pid, paused)
         if found is None:
             return sample
         if await self.maps.read_guest_copies(raw.registers, found, self._analyzer.files):

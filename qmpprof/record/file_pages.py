@@ -108,9 +108,16 @@ class FileBackedMemory:
     through_monitor = False
 
     def __init__(
-        self, memory: MemoryBackend, vcpu: int, source: FileSource, cache: PageCache
+        self,
+        memory: MemoryBackend,
+        vcpu: int,
+        source: FileSource,
+        cache: PageCache,
+        tables: bool = True,
     ) -> None:
+        """Not `tables`: the page cache alone (the process is not the vCPU's)."""
         self._memory = memory
+        self._tables = tables
         self._source = source
         self._cache = cache
         self._kernel = PageReader(memory, vcpu)
@@ -119,7 +126,7 @@ class FileBackedMemory:
         """Nothing: the backend it wraps was given them for this tick."""
 
     async def read_window(self, cpu: int, address: int, size: int) -> bytes:
-        data = await self._memory.read_window(cpu, address, size)
+        data = await self._memory.read_window(cpu, address, size) if self._tables else b""
         at = address + len(data)
         if len(data) >= size or at % PAGE_SIZE:
             return data

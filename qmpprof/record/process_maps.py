@@ -10,14 +10,25 @@ which must be the task running on `registers.vcpu`: its memory is read through t
 vCPU's page tables (the kernel half is in every process's; the build-ids are in the
 process's own half, so another process's task would get a wrong build-id). It returns a
 tuple of FileMapping sorted by start, () for a task without an mm (a kernel thread,
-which runs on a borrowed CR3: never kept; a process past exit_mm, whose samples in its
-exit still have its user frames, keeps the maps it had), or None when no walk of that
-address space has succeeded yet. It returns () too when the vCPU is in the middle of a
-context switch (CR3 already holds another mm's page tables than `task`'s: mm->pgd,
-through the direct map, is not CR3's): the files' pages would be read in the wrong
-process, so nothing is read or kept (`stats.switching`), and the task's user frames
-stay unnamed. Raises only what the memory backend raises (a QMP session's errors); a
-fault in guest memory ends the walk and is counted, never raised.
+which runs on a borrowed CR3: never kept), or None when no walk of that address space
+has succeeded yet. A process past exit_mm still has user frames in the samples of its
+exit: while exit_mmap tears its mm down (task->active_mm, no users left) that mm is
+walked; after, it keeps the maps it had. It returns () too when the vCPU is in the
+middle of a context switch (CR3 already holds another mm's page tables than `task`'s:
+mm->pgd, through the direct map, is not CR3's): the files' pages would be read in the
+wrong process, so nothing is read or kept (`stats.switching`); only the first user pc
+(the task's own pt_regs) is named, from the history below. Raises only what the memory
+backend raises (a QMP session's errors); a fault in guest memory ends the walk and is
+counted, never raised.
+
+Each process (tgid) also keeps a history: the files of its last HISTORY_DEPTH distinct
+walks, in any address space, and at its first walk the newest maps of its parent
+(task->real_parent: fork copied the parent's mm). A user pc that the current maps do
+not hold but an earlier one does is named by that mapping (`stats.from_history`), as
+perf names samples from its record of each process's mappings: inside execve, once the
+new mm is loaded, the registers are still the program's that called it; in exit, after
+exit_mmap, the process has no maps left. A history whose parent is not the walk's
+belongs to an earlier process with the same pid, and starts over.
 
 Maps are kept per address space: CR3 without its PCID bits, and `process` (the tgid,
 which the caller has from the adapter's label) when given, since a freed page directory
@@ -29,7 +40,10 @@ during its exec or while ld.so maps its libraries has its first walk before they
 mapped (a shell script's or a build's processes live for less than a second), though
 not for a page of code walks found nothing at already (an exec's samples still hold
 the registers of the program that called execve); beyond that, and after a walk that
-found the task mid context switch, once per REREAD_INTERVAL_S; on an injected clock. A
+found the task mid context switch, once per REREAD_INTERVAL_S; on an injected clock. In
+an address space's first REREAD_INTERVAL_S every sample walks again, PROMPT_WALKS at
+most, its pcs in known code or not: ld.so runs most of a short-lived program's life,
+after it mapped libc, and the program's exit is named only by a walk made since. A
 walk that fails is tried again at once (WALK_TRIES). With page-table isolation an
 address space has two CR3s (user and kernel): each is kept on its own.
 
@@ -47,7 +61,15 @@ from dataclasses import dataclass, field, replace
 from qmpprof.guest.adapter import OsAdapter
 from qmpprof.guest.kernel_types import KernelTypes
 from qmpprof.guest.linux.adapter import LinuxAdapter
-from qmpprof.guest.linux.maps import BuildIdRead, FileSource, MapsLayout, MapsWalk, maps_layout
+from qmpprof.guest.linux.maps import (
+    BuildIdRead,
+    FileSource,
+    MappedFile,
+    MapsLayout,
+    MapsWalk,
+    maps_layout,
+    parent_read,
+)
 from qmpprof.guest.loaded_elf import (
     LoadedHeaders,
     LoadedHeadersRead,
@@ -83,6 +105,11 @@ MAX_MISSED = 64
 #: Address spaces whose maps are kept before the cache starts over (a guest that starts
 #: processes by the thousand; each is read again when next seen).
 MAX_KNOWN = 4096
+#: Earlier maps kept per process, newest first: its address spaces before an exec, and
+#: at its first walk the maps of the parent it was forked from.
+HISTORY_DEPTH = 4
+#: Processes whose earlier maps are kept (the least recently walked forgotten first).
+MAX_HISTORIES = 4096
 #: Pages asked for at once when reading a loaded file's tables (guest/loaded_elf.py).
 IMAGE_CHUNK_PAGES = 16
 #: CR3's address bits: the low 12 are PCID (or flags), the top bit is "no flush".
@@ -106,6 +133,9 @@ class MapsRead:
     sources: tuple[FileSource | None, ...] = ()
     #: The task's mm is not the one whose page tables CR3 holds (a context switch).
     switching: bool = False
+    #: The process id (tgid) of the task's parent, and its task (None: unknown).
+    parent: int | None = None
+    parent_task: int | None = None
 
 
 async def read_maps(
@@ -128,19 +158,56 @@ async def read_maps(
         return None
     if loaded is not None and walk.pgd is not None and not await loaded(reader, walk.pgd):
         return MapsRead((), (), reader.reads, walk.has_mm, switching=True)
+    found = await _with_build_ids(reader, vcpu, files, file_memory)
+    sources = tuple(mapped.source for mapped in files)
+    parent = await reader.run(parent_read(layout, task)) if walk.has_mm or walk.exiting else None
+    parent_task, tgid = (None, None) if parent is UNREADABLE or parent is None else parent
+    executable, has_mm = tuple(walk.executable), walk.has_mm
+    return MapsRead(found, executable, reader.reads, has_mm, sources, False, tgid, parent_task)
+
+
+async def _with_build_ids(
+    reader: PageReader,
+    vcpu: int,
+    files: Sequence[MappedFile],
+    file_memory: FileMemory,
+    tables: bool = True,
+) -> tuple[FileMapping, ...]:
+    """`files` with their build-ids: read through the vCPU's page tables (unless not
+    `tables`), else through `file_memory` (the page cache) where they do not map it."""
     found = []
     for mapped in files:
         build_id = None
         if mapped.header is not None:
-            read = await reader.run(BuildIdRead(mapped.header, mapped.header_size).advance)
+            step = BuildIdRead(mapped.header, mapped.header_size)
+            read = await reader.run(step.advance) if tables else UNREADABLE
             if read is UNREADABLE and file_memory is not None and mapped.source is not None:
                 cached = PageReader(file_memory(mapped.source), vcpu)
                 read = await cached.run(BuildIdRead(mapped.header, mapped.header_size).advance)
                 reader.reads += cached.reads
             build_id = None if read is UNREADABLE else read
         found.append(mapped.with_build_id(build_id))
-    sources = tuple(mapped.source for mapped in files)
-    return MapsRead(tuple(found), tuple(walk.executable), reader.reads, walk.has_mm, sources)
+    return tuple(found)
+
+
+async def read_parent_maps(
+    memory: MemoryBackend, vcpu: int, layout: MapsLayout, parent: int, cache: PageCache | None
+) -> tuple[tuple[FileMapping, ...], int]:
+    """The file mappings of the task at `parent`, which does not run on `vcpu` (its
+    VMAs are kernel memory): build-ids from the page cache only, never through the
+    vCPU's page tables, which are another mm's (none without `cache`); () when its
+    kernel memory could not be read. With the reads it took."""
+    reader = PageReader(memory, vcpu)
+    files = await reader.run(MapsWalk(layout, parent).advance)
+    if files is UNREADABLE:
+        return (), reader.reads
+
+    def page_cache_only(source: FileSource) -> MemoryBackend:
+        assert cache is not None
+        return FileBackedMemory(memory, vcpu, source, cache, tables=False)
+
+    file_memory = None if cache is None else page_cache_only
+    return await _with_build_ids(reader, vcpu, files, file_memory, tables=False), reader.reads
 
 
 @dataclass
@@ -160,6 +227,8 @@ class MapsStats:
     cached_pages: int = 0
     #: Walks of a task whose mm was not CR3's (a vCPU in the middle of a context switch).
     switching: int = 0
+    #: Samples whose user PCs only the process's earlier maps hold (ProcessMaps.earlier).
+    from_history: int = 0
 
 
 #: Says whether an mm's pgd is the page-table root CR3 holds (ProcessMaps._loaded_check).
@@ -184,11 +253,21 @@ class _Known:
     #: CR3's, so that a vCPU seen mid context switch (or a nonblocking sample whose task
     #: changed after its registers were read) does not walk the maps at every sample.
     switching: bool = False
+    #: When this address space was first walked (its process may be loading its files).
+    born: float = 0.0
     #: Each executable range's start, for _in_code's search.
     starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.starts = tuple(start for start, _ in self.executable)
+
+
+@dataclass(frozen=True)
+class _History:
+    """A process's earlier maps, newest first, and its parent's process id."""
+
+    parent: int | None
+    maps: tuple[tuple[FileMapping, ...], ...]
 
 
 class ProcessMaps:
@@ -208,6 +287,9 @@ class ProcessMaps:
         self._clock = clock
         self._page_cache = page_cache
         self._known: dict[tuple[int, int | None], _Known] = {}
+        #: Each process's earlier maps, newest first (_remember), the least recently
+        #: walked process first.
+        self._history: dict[int, _History] = {}
         #: Files with no host copy whose last read from the guest found nothing or part
         #: of them: in which address space (read_guest_copies).
         self._copy_tried_in: dict[tuple[str, bytes | None], int] = {}
@@ -235,30 +317,113 @@ class ProcessMaps:
         task: int,
         user_pcs: Sequence[int] = (),
         process: int | None = None,
+        eager: bool = True,
     ) -> tuple[FileMapping, ...] | None:
-        """The mappings of `task`, running on `registers.vcpu` (module docstring)."""
+        """The mappings of `task`, running on `registers.vcpu` (module docstring). Not
+        `eager`: no walk of a new address space whose code holds `user_pcs` (_loading),
+        for a caller whose VM ran since the sample (its process may have exec'd)."""
         key = (registers.cr3 & _CR3_ADDRESS, process)
         known = self._known.get(key)
         if not user_pcs and registers.cpl == 3:
             user_pcs = (registers.rip,)
-        if known is None or self._walk_again(known, user_pcs):
-            done = await self._read(registers, task, known)
+        if known is None or self._walk_again(known, user_pcs, eager):
+            done = await self._read(registers, task, known, process)
             if done is None:
-                return ()
+                return self._earlier(process, None, user_pcs) or ()
             if len(self._known) >= MAX_KNOWN:
                 self._known.clear()
             known = self._known[key] = _with_missed(done, user_pcs, known)
-        return () if known.switching else known.files
+        if known.switching:  # only the first user pc, from the task's own pt_regs
+            return self._earlier(process, (), user_pcs[:1]) or ()
+        outside = [pc for pc in user_pcs if not _in_code(known, pc)]
+        return self._earlier(process, known.files, outside) or known.files
 
-    def _walk_again(self, known: _Known, pcs: Sequence[int]) -> bool:
+    def would_walk(self, registers: RegisterSet, pcs: Sequence[int], process: int | None) -> bool:
+        """Whether `maps_for` would walk the address space for `pcs` now."""
+        known = self._known.get((registers.cr3 & _CR3_ADDRESS, process))
+        return known is None or self._walk_again(known, pcs)
+
+    def _earlier(
+        self, process: int | None, files: tuple[FileMapping, ...] | None, pcs: Sequence[int]
+    ) -> tuple[FileMapping, ...] | None:
+        """`files` with the mappings of the process's earlier maps that hold `pcs` (and
+        overlap none of `files`), sorted by start; None when they hold none. A sample
+        inside execve, once the new program's mm is loaded, still has the registers of
+        the program that called it: the pre-exec maps, or the parent's it was forked
+        with, name its user frame, as perf's history of a process's mappings does."""
+        if process is None or not pcs or process not in self._history:
+            return None
+        current = files or ()
+        added: list[FileMapping] = []
+        for pc in pcs:
+            mapping = _holding(self._history[process].maps, pc)
+            if mapping is None or mapping in added:
+                continue
+            if not any(m.start < mapping.end and mapping.start < m.end for m in current):
+                added.append(mapping)
+        if not added:
+            return None
+        self.stats.from_history += 1
+        return tuple(sorted((*current, *added), key=lambda mapping: mapping.start))
+
+    def _starts_history(self, process: int, parent: int | None) -> bool:
+        """Whether a walk that found `parent` starts the history of `process`: none yet,
+        or one whose parent is not `parent` (another process that had the same pid)."""
+        kept = self._history.get(process)
+        return kept is None or kept.parent != parent
+
+    async def _unseen_parent(
+        self, registers: RegisterSet, process: int | None, done: MapsRead
+    ) -> tuple[FileMapping, ...]:
+        """The maps of the parent of a process whose history starts, walked now when no
+        walk saw them (a child seen first inside its exec, its parent not sampled yet:
+        the recording's start, a shell waiting for its children)."""
+        parent, task = done.parent, done.parent_task
+        if process is None or parent is None or task is None or parent in self._history:
+            return ()
+        if not self._starts_history(process, parent):
+            return ()
+        vcpu = registers.vcpu
+        files, reads = await read_parent_maps(
+            self._memory, vcpu, self._layout, task, self._page_cache
+        )
+        self.stats.walks += 1
+        self.stats.failed += reads > 0 and not files
+        self.stats.reads += reads
+        return files
+
+    def _remember(
+        self, process: int | None, done: MapsRead, inherited: tuple[FileMapping, ...] = ()
+    ) -> None:
+        """Keep the files of a successful walk in the history of `process`, after its
+        parent's newest maps (or `inherited`, its parent's just read) when its history
+        starts (a forked child's mm is a copy of its parent's). A history whose parent
+        is not the walk's is another process's that had the same pid, and starts over."""
+        if process is None:
+            return
+        kept = self._history.pop(process, None)
+        if kept is None or kept.parent != done.parent:
+            parent = self._history.get(done.parent) if done.parent is not None else None
+            first = parent.maps[:1] if parent else (inherited,) if inherited else ()
+            kept = _History(done.parent, first)
+        if done.files and (not kept.maps or kept.maps[0] != done.files):
+            kept = _History(kept.parent, (done.files, *kept.maps)[:HISTORY_DEPTH])
+        if not kept.maps:
+            return
+        if len(self._history) >= MAX_HISTORIES:
+            del self._history[next(iter(self._history))]
+        self._history[process] = kept
+
+    def _walk_again(self, known: _Known, pcs: Sequence[int], eager: bool = True) -> bool:
         """Whether an address space is walked again for `pcs` now (module docstring):
-        not when each lies in its known code. A page of code the last walks did not find
-        either (the program that called execve, whose registers an exec's samples still
-        hold) waits for the next REREAD_INTERVAL_S."""
+        not when each lies in its known code, unless `eager` and it is new (_loading). A
+        page of code the last walks did not find either (the program that called
+        execve, whose registers an exec's samples still hold) waits for the next
+        REREAD_INTERVAL_S."""
         outside = [pc for pc in pcs if not _in_code(known, pc)]
-        if known.files is not None and not outside:
-            return False
         now = self._clock()
+        if known.files is not None and not outside:
+            return eager and _loading(known, now)
         if now - known.read_at >= REREAD_INTERVAL_S:
             return True
         if known.switching:
@@ -287,10 +452,11 @@ class ProcessMaps:
         return loaded
 
     async def _read(
-        self, registers: RegisterSet, task: int, before: _Known | None
+        self, registers: RegisterSet, task: int, before: _Known | None, process: int | None
     ) -> _Known | None:
         """A new read of the maps; None for a task without an mm (nothing to keep) that
-        had none `before`, a `switching` one for a task whose mm is not loaded."""
+        had none `before`, a `switching` one for a task whose mm is not loaded. A read
+        that found the files is remembered in the history of `process`."""
         now = self._clock()
         loaded = self._loaded_check(registers)
         file_memory = self._file_memory(registers)
@@ -306,20 +472,23 @@ class ProcessMaps:
             since, walks = before.since, before.walks + 1
         else:
             since, walks = now, 1
+        born = now if before is None else before.born
         if done is not None and done.switching:
             self.stats.switching += 1
-            return _Known(None, (), now, since, walks, switching=True)
+            return _Known(None, (), now, since, walks, switching=True, born=born)
         if done is None:
             if before is None:
-                return _Known(None, (), now, since, walks)
+                return _Known(None, (), now, since, walks, born=born)
             return replace(before, read_at=now, since=since, walks=walks, switching=False)
         self.stats.reads += done.reads
         self.stats.most_reads = max(self.stats.most_reads, done.reads)
-        if not done.has_mm:  # a process past exit_mm keeps the maps it had
+        if not done.has_mm and not done.files:  # past exit_mm: it keeps the maps it had
             if before is None:
                 return None
             return replace(before, read_at=now, since=since, walks=walks)
-        return _Known(done.files, done.executable, now, since, walks, sources=done.sources)
+        self._remember(process, done, await self._unseen_parent(registers, process, done))
+        files, executable = done.files, done.executable
+        return _Known(files, executable, now, since, walks, sources=done.sources, born=born)
 
     async def read_guest_copies(
         self, registers: RegisterSet, maps: tuple[FileMapping, ...], files: UserFiles
@@ -329,14 +498,16 @@ class ProcessMaps:
         symbols, guest/loaded_elf.py), handed to `files` (UserFiles.add_guest_copy).
         A read that found nothing or part of the file is tried again in another
         address space only (the process may have been exiting, or still being
-        exec'd). Whether a file was added: an address space built before lacks it."""
+        exec'd). Mappings from the process's earlier maps (ProcessMaps._earlier) are
+        not this address space's to read. Whether a file was added: an address space
+        built before lacks it."""
         added = False
         sources = self._sources(registers, maps)
         if sources is None and self._page_cache is not None:
             return False  # wait for a walk that has their VMAs: a copy would lack pages
         space = registers.cr3 & _CR3_ADDRESS
         file_memory = self._file_memory(registers)
-        for mapping, source in zip(maps, sources or (None,) * len(maps), strict=True):
+        for mapping, source in (sources or dict.fromkeys(maps)).items():
             key = (mapping.path, mapping.build_id)
             if self._copy_tried_in.get(key) == space or not files.wants_guest_copy(mapping):
                 continue
@@ -358,14 +529,20 @@ class ProcessMaps:
 
     def _sources(
         self, registers: RegisterSet, maps: tuple[FileMapping, ...]
-    ) -> tuple[FileSource | None, ...] | None:
-        """The FileSources of `maps` as the read of this address space that found them
-        has them (None for a mapping of no file: the vDSO); None when no kept read did."""
-        cr3 = registers.cr3 & _CR3_ADDRESS
+    ) -> dict[FileMapping, FileSource | None] | None:
+        """Each mapping of `maps` that the kept read of this address space found, with
+        its FileSource as that read has it (None for a mapping of no file: the vDSO);
+        None when no kept read found them. The others (from the process's earlier maps)
+        are left out."""
+        cr3, wanted = registers.cr3 & _CR3_ADDRESS, set(maps)
+        found: dict[FileMapping, FileSource | None] | None = None
         for (space, _), known in self._known.items():
-            if space == cr3 and known.files == maps and len(known.sources) == len(maps):
-                return known.sources
-        return None
+            files = known.files
+            if space != cr3 or files is None or len(known.sources) != len(files):
+                continue
+            if wanted.issuperset(files) and (found is None or len(files) > len(found)):
+                found = dict(zip(files, known.sources, strict=True))
+        return found
 
     async def _guest_copy(
         self, memory: MemoryBackend, vcpu: int, mapping: FileMapping
@@ -399,6 +576,7 @@ class ProcessMaps:
     def forget(self) -> None:
         """Drop every address space's maps (a new connection: other processes)."""
         self._known.clear()
+        self._history.clear()
         if self._page_cache is not None:
             self._page_cache.forget()
 
@@ -462,6 +640,16 @@ def _given(
     return lambda memory: step(memory, headers)
 
 
+def _loading(known: _Known, now: float) -> bool:
+    """Whether an address space first walked less than REREAD_INTERVAL_S ago is walked
+    again though its code holds every pc: its process may still be mapping its files.
+    ld.so runs most of a short-lived program's life, relocating it and libc, which it
+    mapped after the first walk; the exit, once its maps are gone, is named only by a
+    walk made since. PROMPT_WALKS at most."""
+    young = now - known.born < REREAD_INTERVAL_S
+    return young and not known.switching and known.walks < PROMPT_WALKS
+
+
 def _in_code(known: _Known, pc: int) -> bool:
     """Whether `pc` lies in an executable range the walk found (or just past one: a
     return address after a mapping's last call). The ranges are VMAs, by start: the one
@@ -469,6 +657,16 @@ def _in_code(known: _Known, pc: int) -> bool:
     every user frame of every sample)."""
     at = bisect_right(known.starts, pc) - 1
     return at >= 0 and pc <= known.executable[at][1]
+
+
+def _holding(history: tuple[tuple[FileMapping, ...], ...], pc: int) -> FileMapping | None:
+    """The newest mapping of `history` that holds `pc` (or ends at it: a return address
+    after a mapping's last call)."""
+    for files in history:
+        for mapping in files:
+            if mapping.start <= pc <= mapping.end:
+                return mapping
+    return None
 
 
 def _with_missed(known: _Known, pcs: Sequence[int], before: _Known | None) -> _Known:

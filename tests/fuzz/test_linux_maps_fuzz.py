@@ -8,6 +8,8 @@ does the build-id reader over random and mutated ELF headers."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from typing import TypeVar
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -23,16 +25,22 @@ from qmpprof.guest.linux.maps import (
     MappedFile,
     MapsLayout,
     MapsWalk,
+    parent_read,
 )
+from qmpprof.memory import MemoryReader
 from qmpprof.model import KERNEL_HALF
 from tests.fuzz.budget import cases, counted
 from tests.fuzz.kernel_pages import BASE, PAGE, PAGES, RandomKernelPages
 
 #: Debian 6.1's offsets, as GDB prints them (tests/unit/data/linux/maps.json), the
-#: special mappings' (the vDSO's name) included.
-LAYOUT = MapsLayout(2272, 8, 0, 8, 32, 104, 112, 24, 24, 36, 40, 88, 72, None, 120, 0)
+#: special mappings' (the vDSO's name), the parent's and the exiting mm's included.
+LAYOUT = MapsLayout(
+    *(2272, 8, 0, 8, 32, 104, 112, 24, 24, 36, 40, 88, 72, None, 120, 0, 2432, 2420, 2280, 84)
+)
 #: Debian 5.10's: the VMAs a list from mm_struct.mmap along vm_next (the same file).
-LIST_LAYOUT = MapsLayout(2056, 0, 0, 8, 80, 152, 160, 24, 24, 36, 40, 136, 80, 16, 168, 0)
+LIST_LAYOUT = MapsLayout(
+    *(2056, 0, 0, 8, 80, 152, 160, 24, 24, 36, 40, 136, 80, 16, 168, 0, 2248, 2236, 2064, 92)
+)
 TASK = BASE
 
 
@@ -88,14 +96,21 @@ class FaultingFirst:
 
 
 Found = tuple[MappedFile, ...] | None
+T = TypeVar("T")
 
 
 def walk_all(memory: FaultingFirst, layout: MapsLayout = LAYOUT) -> Found:
     """The walk's answer; None when it needed memory that cannot be read."""
     walk = MapsWalk(layout, TASK)
+    return resumed(walk.advance, memory)
+
+
+def resumed(step: Callable[[MemoryReader], T], memory: FaultingFirst) -> T | None:
+    """`step`'s answer, given each read it faults on in turn; None when it needed
+    memory that cannot be read."""
     while True:
         try:
-            return walk.advance(memory)
+            return step(memory)
         except MemoryFault as fault:
             asked = (fault.address, fault.size)
             assert asked not in memory.given, "the walk asked for the same memory twice"
@@ -112,6 +127,8 @@ def walk_all(memory: FaultingFirst, layout: MapsLayout = LAYOUT) -> Found:
 def test_maps_walk_ends_bounded(seed: int) -> None:
     layout = LIST_LAYOUT if seed % 3 == 1 else LAYOUT  # a VMA list (5.10) or a maple tree
     found = walk_all(FaultingFirst(RandomKernelPages(seed, random_page)), layout)
+    parent = resumed(parent_read(layout, TASK), FaultingFirst(RandomKernelPages(seed, random_page)))
+    assert parent is None or 0 <= parent[1] < 1 << 32
     if found is None:
         return
     assert [m.start for m in found] == sorted(m.start for m in found)

@@ -210,7 +210,8 @@ def test_maps_are_kept_per_address_space_and_read_again_when_their_code_misses()
     """A user PC outside every mapping the last walk found walks again at once (a new
     process maps its libraries after its first walk), up to PROMPT_WALKS walks a
     second, but not for a page a walk found nothing at already; a PC inside, or none
-    (kernel mode), never does."""
+    (kernel mode), does only in the address space's first second (its process may
+    still be mapping its files), PROMPT_WALKS walks at most."""
     clock = Clock()
     abi, name = CAUGHT[0]
     maps, guest, task = saved_maps(abi, name, clock)
@@ -224,18 +225,23 @@ def test_maps_are_kept_per_address_space_and_read_again_when_their_code_misses()
         expected
     )
     assert (maps.stats.walks, maps.stats.reads) == (1, guest.reads)
-    assert ask(0x401000) == found and maps.stats.walks == 1  # inside: nothing new
-    assert ask(0x10, cpl=0) == found and maps.stats.walks == 1  # kernel mode: no user PC
-    assert ask(0x10) == found and maps.stats.walks == 2  # outside: at once
-    assert ask(0x10) == found and maps.stats.walks == 2  # that page missed already
-    for walks in range(3, PROMPT_WALKS + 1):
-        assert ask(walks * PAGE_SIZE) == found and maps.stats.walks == walks  # a new page
-    assert ask(0x7F0000) == found and maps.stats.walks == PROMPT_WALKS  # no more this second
+    for walks in range(2, PROMPT_WALKS + 1):
+        assert ask(0x401000) == found and maps.stats.walks == walks  # new: walked again
+    assert ask(0x401000) == found and maps.stats.walks == PROMPT_WALKS  # no more this second
+    clock.now += REREAD_INTERVAL_S
+    base = PROMPT_WALKS
+    assert ask(0x401000) == found and maps.stats.walks == base  # inside: nothing new
+    assert ask(0x10, cpl=0) == found and maps.stats.walks == base  # kernel mode: no user PC
+    assert ask(0x10) == found and maps.stats.walks == base + 1  # outside: at once
+    assert ask(0x10) == found and maps.stats.walks == base + 1  # that page missed already
+    for walks in range(2, PROMPT_WALKS + 1):
+        assert ask(walks * PAGE_SIZE) == found and maps.stats.walks == base + walks  # a new page
+    assert ask(0x7F0000) == found and maps.stats.walks == base + PROMPT_WALKS  # none this second
     clock.now += REREAD_INTERVAL_S / 2
-    assert ask(0x7F0000) == found and maps.stats.walks == PROMPT_WALKS
+    assert ask(0x7F0000) == found and maps.stats.walks == base + PROMPT_WALKS
     clock.now += REREAD_INTERVAL_S / 2
-    assert ask(0x10) == found and maps.stats.walks == PROMPT_WALKS + 1  # a second on
-    assert ask(0x7F0000) == found and maps.stats.walks == PROMPT_WALKS + 2  # a new second's
+    assert ask(0x10) == found and maps.stats.walks == base + PROMPT_WALKS + 1  # a second on
+    assert ask(0x7F0000) == found and maps.stats.walks == base + PROMPT_WALKS + 2  # a new second's
     assert maps.stats.failed == 0
 
 
@@ -269,8 +275,10 @@ def test_two_processes_on_one_cr3_are_kept_apart() -> None:
     """A page directory freed by one process is soon another's CR3: with its tgid, the
     other process gets a walk of its own."""
     abi, name = CAUGHT[0]
-    maps, _, task = saved_maps(abi, name, Clock())
+    clock = Clock()
+    maps, _, task = saved_maps(abi, name, clock)
     first = asyncio.run(maps.maps_for(registers(0x401000), task, process=1))
+    clock.now += REREAD_INTERVAL_S  # no longer new (_loading)
     assert asyncio.run(maps.maps_for(registers(0x401000), task, process=1)) == first
     assert maps.stats.walks == 1
     assert asyncio.run(maps.maps_for(registers(0x401000), task, process=2)) == first
@@ -370,3 +378,141 @@ def test_a_file_read_that_found_nothing_is_tried_again_in_another_address_space_
     for cr3 in range(GUEST_COPY_TRIES):
         copies(0x9000000 + cr3 * PAGE_SIZE)
     assert maps.stats.images == GUEST_COPY_TRIES * len(found)
+
+
+def poke(guest: SavedGuest, address: int, value: int, size: int = 8) -> None:
+    """Write `value` into the saved guest (a page nothing was read from is made)."""
+    for at, byte in enumerate(value.to_bytes(size, "little")):
+        page = guest.pages.setdefault((address + at) // PAGE_SIZE, bytearray(PAGE_SIZE))
+        page[(address + at) % PAGE_SIZE] = byte
+
+
+def peek(guest: SavedGuest, address: int) -> int:
+    page = guest.pages[address // PAGE_SIZE]
+    return int.from_bytes(page[address % PAGE_SIZE : address % PAGE_SIZE + 8], "little")
+
+
+def exec_started(guest: SavedGuest, layout: MapsLayout, task: int) -> None:
+    """The task's mm emptied, as an exec's new mm is before the kernel maps the
+    program into it (exec_mmap, then load_elf_binary's mappings)."""
+    poke(guest, peek(guest, task + layout.task_mm) + layout.mm_root, 0)
+
+
+def at(rip: int, cr3: int) -> RegisterSet:
+    return replace(registers(rip), cr3=cr3)
+
+
+def holding(found: tuple[FileMapping, ...] | None, pc: int) -> list[str]:
+    return [mapping.path for mapping in found or () if mapping.start <= pc < mapping.end]
+
+
+def test_a_sample_inside_execve_names_its_pc_from_the_maps_before_the_exec() -> None:
+    """Inside execve, once the new mm is loaded (another CR3) and before the new program
+    is mapped, the user registers are still those of the program that called execve:
+    its pc lies in the process's maps before the exec, which name it, as perf's
+    history of a process's mappings does; a pc in none of them stays unnamed."""
+    abi, name = CAUGHT[0]
+    maps, guest, task = saved_maps(abi, name, Clock())
+    before = asyncio.run(maps.maps_for(at(0x401000, 0x1000), task, process=7))
+    program = holding(before, 0x401000)
+    assert program and maps.stats.from_history == 0
+    exec_started(guest, gdb_layout(abi), task)
+    found = asyncio.run(maps.maps_for(at(0x401000, 0x2000), task, process=7))
+    assert holding(found, 0x401000) == program and maps.stats.from_history == 1
+    assert asyncio.run(maps.maps_for(at(0x10, 0x2000), task, process=7)) == ()
+    other = asyncio.run(maps.maps_for(at(0x401000, 0x3000), task, process=8))
+    assert other == ()  # another process: none of its maps were ever seen
+
+
+def parent_and_child() -> tuple[ProcessMaps, SavedGuest, int, int]:
+    """Maps over the first two workloads' saved reads, the second's task made the child
+    of the first's (its real_parent), whose process id is made 41."""
+    abi, layout = CAUGHT[0][0], gdb_layout(CAUGHT[0][0])
+    first, second = (DATA[abi]["workloads"][name] for _, name in CAUGHT[:2])
+    guest = SavedGuest(first["kernel_reads"] + first["user_reads"] + second["kernel_reads"])
+    maps = ProcessMaps(layout, guest, Clock())  # type: ignore[arg-type]
+    parent, child = first["task"], second["task"]
+    assert layout.task_parent is not None and layout.task_tgid is not None
+    poke(guest, parent + layout.task_tgid, 41, 4)
+    poke(guest, child + layout.task_parent, parent)
+    return maps, guest, parent, child
+
+
+def test_a_forked_process_starts_with_its_parent_s_maps() -> None:
+    """A process first seen inside its exec, before its new program is mapped: its
+    registers are its parent's code (fork copied the parent's mm), which the parent's
+    maps name; the parent is the task's real_parent, its tgid read from the guest."""
+    maps, guest, parent, child = parent_and_child()
+    layout = gdb_layout(CAUGHT[0][0])
+    walked = asyncio.run(maps.maps_for(at(0x401000, 0x1000), parent, process=41))
+    program = holding(walked, 0x401000)
+    exec_started(guest, layout, child)
+    found = asyncio.run(maps.maps_for(at(0x401000, 0x2000), child, process=42))
+    assert program and holding(found, 0x401000) == program
+    assert layout.task_parent is not None
+    poke(guest, child + layout.task_parent, 0)  # pid 42 again: another process, no parent
+    assert asyncio.run(maps.maps_for(at(0x401000, 0x3000), child, process=42)) == ()
+
+
+def test_a_process_whose_parent_no_walk_saw_gets_its_parent_s_maps_read() -> None:
+    """The child seen first inside its exec, its parent never sampled (a shell waiting
+    for it, or the recording just begun): the parent's VMAs are walked from the child's
+    vCPU (kernel memory), its build-ids read from the page cache only (none here), never
+    through the child's page tables, which map the new program."""
+    maps, guest, _, child = parent_and_child()
+    abi, layout = CAUGHT[0][0], gdb_layout(CAUGHT[0][0])
+    exec_started(guest, layout, child)
+    found = asyncio.run(maps.maps_for(at(0x401000, 0x2000), child, process=42))
+    expected = [m for m in proc_and_readelf(abi, CAUGHT[0][1]) if m[0] <= 0x401000 < m[1]]
+    assert [[m.start, m.end, m.offset, m.path, m.build_id] for m in found or ()] == [
+        [*expected[0][:4], None]
+    ]
+    assert maps.stats.walks == 2
+
+
+@pytest.mark.parametrize("users", [0, 1])
+def test_an_exiting_task_s_mm_is_walked_while_exit_mmap_tears_it_down(users: int) -> None:
+    """Past exit_mm, task->mm is zero but the task still runs on its mm (active_mm): with
+    no users left (exit_mmap is unmapping it) its VMAs name the user frame of the exit
+    in a process never walked before; with users, it is another process's mm that the
+    task borrowed when it was switched in again, and nothing is found."""
+    abi, name = CAUGHT[0]
+    layout = gdb_layout(abi)
+    maps, guest, task = saved_maps(abi, name, Clock())
+    assert layout.task_active_mm is not None and layout.mm_users is not None
+    mm = peek(guest, task + layout.task_mm)
+    poke(guest, task + layout.task_mm, 0)
+    poke(guest, task + layout.task_active_mm, mm)
+    poke(guest, mm + layout.mm_users, users, 4)
+    found = asyncio.run(maps.maps_for(registers(0x10, cpl=0), task, (0x401000,), process=7))
+    expected = [m[3] for m in proc_and_readelf(abi, name) if m[0] <= 0x401000 < m[1]]
+    assert holding(found, 0x401000) == (expected if users == 0 else [])
+
+
+class LoadedOnce(ProcessMaps):
+    """Maps whose first walk finds the task's mm loaded, and every later one not (the
+    task seen again mid context switch, CR3 already the next task's)."""
+
+    def _loaded_check(self, registers: RegisterSet) -> Any:
+        async def loaded(reader: object, pgd: int) -> bool:
+            self.loaded_walks = getattr(self, "loaded_walks", 0) + 1
+            return bool(self.loaded_walks == 1)
+
+        return loaded
+
+
+def test_mid_context_switch_the_first_user_pc_is_named_from_the_history() -> None:
+    """With another process's CR3 loaded nothing is read in it, and the user stack
+    past the first frame would be the other process's memory: the first user pc (from
+    the task's own pt_regs) is named from the process's history, no other."""
+    abi, name = CAUGHT[0]
+    workload = DATA[abi]["workloads"][name]
+    guest = SavedGuest(workload["kernel_reads"] + workload["user_reads"])
+    maps = LoadedOnce(gdb_layout(abi), guest, Clock())  # type: ignore[arg-type]
+    task = workload["task"]
+    program = holding(asyncio.run(maps.maps_for(at(0x401000, 0x1000), task, process=7)), 0x401000)
+    switching = at(0x10, 0x2000)
+    found = asyncio.run(maps.maps_for(switching, task, (0x401000, 0x10), process=7))
+    assert program and holding(found, 0x401000) == program and len(found or ()) == 1
+    assert maps.stats.switching == 1
+    assert asyncio.run(maps.maps_for(switching, task, (0x10, 0x401000), process=7)) == ()

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import functools
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from qmpprof.errors import MemoryFault
@@ -99,7 +99,8 @@ _STRUCTS = {"task_struct", "mm_struct", "maple_tree", "vm_area_struct", "file", 
 _STRUCTS |= {"dentry", "qstr", "vm_special_mapping"}
 _MEMBERS = (
     *("mm", "mm_mt", "ma_root", "vm_start", "vm_end", "vm_pgoff", "vm_flags", "vm_file"),
-    *("anon_vma", "pgd", "mmap", "vm_next", "vm_private_data"),
+    *("anon_vma", "pgd", "mmap", "vm_next", "vm_private_data", "real_parent", "tgid"),
+    *("active_mm", "mm_users"),
     *("f_path", "dentry", "d_name", "d_parent", "len", "name"),
 )
 #: The name the kernel gives the vDSO's special mapping (/proc/PID/maps prints it).
@@ -134,6 +135,14 @@ class MapsLayout:
     #: mapping such as the vDSO (None: the vDSO is not told from other anonymous code).
     vm_private_data: int | None = None
     special_name: int | None = None
+    #: task_struct.real_parent and task_struct.tgid: whose copy a forked process's first
+    #: maps are (None: unknown).
+    task_parent: int | None = None
+    task_tgid: int | None = None
+    #: task_struct.active_mm and mm_struct.mm_users: the mm an exiting task still runs
+    #: on after exit_mm, while exit_mmap tears it down (None: unknown).
+    task_active_mm: int | None = None
+    mm_users: int | None = None
 
     @property
     def vma_span(self) -> int:
@@ -176,9 +185,24 @@ class MapsLayout:
             mm["pgd"].offset if "pgd" in mm else None,
             vm_next,
             *_special_mapping(s),
+            *_task_parent(s["task_struct"]),
+            *_near(s["task_struct"].get("active_mm"), mm.get("mm_users")),
         )
         spans_fit = layout.vma_span <= MAX_SPAN and layout.dentry_span <= MAX_SPAN
         return layout if spans_fit and layout.task_mm < 1 << 16 else None
+
+
+def _task_parent(task: dict[str, Member]) -> tuple[int | None, int | None]:
+    """task_struct.real_parent and task_struct.tgid, if both are known and near."""
+    return _near(task.get("real_parent"), task.get("tgid"))
+
+
+def _near(first: Member | None, second: Member | None) -> tuple[int | None, int | None]:
+    """The offsets of two members, if both are known and within 64 KiB of their
+    structs' starts (else neither)."""
+    if first is None or second is None or max(first.offset, second.offset) >= 1 << 16:
+        return None, None
+    return first.offset, second.offset
 
 
 def _special_mapping(s: dict[str, dict[str, Member]]) -> tuple[int | None, int | None]:
@@ -321,6 +345,8 @@ class MapsWalk:
         #: Whether the task has an mm (a kernel thread has none), and its page tables.
         self.has_mm = False
         self.pgd: int | None = None
+        #: The task has no mm, past exit_mm, and the walk read the mm it ran on instead.
+        self.exiting = False
 
     def advance(self, memory: MemoryReader) -> tuple[MappedFile, ...]:
         """Every executable file mapping, sorted by start (none for a kernel thread).
@@ -356,6 +382,9 @@ class MapsWalk:
         if is_kernel(self._task + self._layout.task_mm):
             mm = memory.read_u64(self._task + self._layout.task_mm)
             self.has_mm = mm != 0
+            if mm == 0:
+                mm = self._exiting_mm(memory)
+                self.exiting = mm != 0
             if mm != 0:
                 self.pgd = _optional_u64(memory, mm, self._layout.mm_pgd)
             if mm != 0 and is_kernel(mm + self._layout.mm_root):
@@ -365,6 +394,19 @@ class MapsWalk:
                 elif root:
                     self._add_vma(root)
         self._state.root_read = True
+
+    def _exiting_mm(self, memory: MemoryReader) -> int:
+        """The task's active_mm when no process uses it any more (mm_users 0: exit_mmap
+        is tearing it down, its VMAs still there until the end); else 0. A task past
+        exit_mm that is switched out and in again borrows the mm of the task before it,
+        as a kernel thread does: that one's users are not 0."""
+        active, users = self._layout.task_active_mm, self._layout.mm_users
+        if active is None or users is None or not is_kernel(self._task + active):
+            return 0
+        mm = memory.read_u64(self._task + active)
+        if not is_kernel(mm + users, 4):
+            return 0
+        return mm if memory.read(mm + users, 4) == bytes(4) else 0
 
     def _add_root(self, root: int) -> None:
         """ma_root: a node (xa_is_node), or the tree's one entry."""
@@ -508,6 +550,23 @@ class MapsWalk:
                 name = None if b"/" in name or b"\0" in name else name
             dentries[dentry] = (parent, name)
         return dentries[dentry]
+
+
+def parent_read(layout: MapsLayout, task: int) -> Callable[[MemoryReader], tuple[int, int] | None]:
+    """A step that reads the task `task` was forked from (its real_parent) and that
+    task's process id (tgid); None when the layout lacks them or the pointer is not the
+    kernel's. Raises MemoryFault for the page it needs next."""
+
+    def advance(memory: MemoryReader) -> tuple[int, int] | None:
+        offset, tgid = layout.task_parent, layout.task_tgid
+        if offset is None or tgid is None or not is_kernel(task + offset):
+            return None
+        parent = memory.read_u64(task + offset)
+        if not is_kernel(parent + tgid, 4):
+            return None
+        return parent, int.from_bytes(memory.read(parent + tgid, 4), "little")
+
+    return advance
 
 
 def node_entries(data: bytes, shape: NodeShape, maximum: int) -> list[tuple[int, int]]:

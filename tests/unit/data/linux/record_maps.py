@@ -78,6 +78,14 @@ GDB_SPECIAL = (
     "&((struct vm_area_struct *)0)->vm_private_data",
     "&((struct vm_special_mapping *)0)->name",
 )
+#: Whose process a task was forked from, and the mm an exiting task runs on:
+#: MapsLayout's task_parent, task_tgid, task_active_mm and mm_users.
+GDB_TASK = (
+    "&((struct task_struct *)0)->real_parent",
+    "&((struct task_struct *)0)->tgid",
+    "&((struct task_struct *)0)->active_mm",
+    "&((struct mm_struct *)0)->mm_users",
+)
 
 
 def gdb_output(vmlinux: Path, commands: list[str]) -> str:
@@ -95,7 +103,7 @@ def gdb(vmlinux: Path) -> dict[str, Any]:
     if not maple:
         expressions[1] = GDB_LIST_ROOT
         expressions.append(GDB_LIST_NEXT)
-    expressions += GDB_SPECIAL
+    expressions += GDB_SPECIAL + GDB_TASK
     commands = []
     for expression in expressions:
         commands += ["-ex", f"print (long){expression}"]
