@@ -10,14 +10,15 @@ STAMP := $(VENV)/.installed
 #: a venv), the commands that tell they are there; the tests need the rest as well.
 DEMO_APT_PACKAGES := qemu-system-x86 gcc libc6-dev make binutils python3-venv $(if $(filter aarch64,$(ARCH)),qemu-system-arm gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
 DEMO_TOOLS := qemu-system-x86_64 gcc make ld readelf $(if $(filter aarch64,$(ARCH)),qemu-system-aarch64 aarch64-linux-gnu-gcc)
-APT_PACKAGES := $(DEMO_APT_PACKAGES) gdb tmux dwarves debuginfod libarchive-tools linux-perf libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-clients-qemu libvirt-daemon-system libvirt-daemon-system-sysv python3-libvirt memtest86+ qemu-system-arm gdb-multiarch gcc-aarch64-linux-gnu libc6-dev-arm64-cross u-boot-qemu
+APT_PACKAGES := $(DEMO_APT_PACKAGES) gdb tmux dwarves debuginfod libarchive-tools linux-perf libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-clients-qemu libvirt-daemon-system libvirt-daemon-system-sysv python3-libvirt memtest86+ qemu-system-arm gdb-multiarch gcc-aarch64-linux-gnu libc6-dev-arm64-cross u-boot-qemu debootstrap
 #: A path stands for a package that installs no command (memtest86+ and u-boot-qemu: real
 #: bare-metal programs with no symbols for the tests, x86 and AArch64; libvirt-daemon-system-sysv: a system-mode libvirtd,
-#: its libvirt-qemu user, without systemd as init; python3-libvirt: what --libvirt uses).
-TOOLS := $(DEMO_TOOLS) gdb tmux pahole debuginfod bsdtar perf libvirtd virtlogd virsh virt-qemu-qmp-proxy /etc/init.d/libvirtd /usr/lib/python3/dist-packages/libvirt.py /boot/memtest86+x64.bin qemu-system-aarch64 gdb-multiarch aarch64-linux-gnu-gcc /usr/lib/u-boot/qemu_arm64/u-boot.bin
+#: its libvirt-qemu user, without systemd as init; python3-libvirt: what --libvirt uses;
+#: debootstrap is in /usr/sbin, on no PATH but root's).
+TOOLS := $(DEMO_TOOLS) gdb tmux pahole debuginfod bsdtar perf libvirtd virtlogd virsh virt-qemu-qmp-proxy /etc/init.d/libvirtd /usr/lib/python3/dist-packages/libvirt.py /boot/memtest86+x64.bin qemu-system-aarch64 gdb-multiarch aarch64-linux-gnu-gcc /usr/lib/u-boot/qemu_arm64/u-boot.bin /usr/sbin/debootstrap
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help demo test unit integration fuzz mutants bench kaslr-bench serve-soak lint format deps demo-deps system-deps demo-system-deps guest guest-aarch64 linux-guest linux-guest-aarch64 linux-oracle linux-arm64-oracle i386-oracle aarch64-oracle consumers clean
+.PHONY: help demo test unit integration fuzz mutants bench kaslr-bench serve-soak lint format deps demo-deps system-deps demo-system-deps guest guest-aarch64 linux-guest linux-guest-aarch64 stock-guest linux-oracle linux-arm64-oracle i386-oracle aarch64-oracle consumers clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -25,13 +26,13 @@ help:  ## list the targets
 demo: demo-deps $(if $(filter linux,$(GUEST)),,$(if $(filter aarch64,$(ARCH)),guest-aarch64,guest))  ## boot the example guest (ARCH=i386: its 32-bit build, ARCH=aarch64 its AArch64 one; GUEST=linux: Debian's kernel, ~75 MB fetched once; GUEST=linux ARCH=aarch64: Debian's arm64 kernel, ~300 MB), profile it 10 s, write demo/, print the hottest stacks
 	@PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/demo.sh
 
-test: deps guest guest-aarch64 linux-guest linux-guest-aarch64 consumers  ## run every test (unit, consumers, integration against a real QEMU)
+test: deps guest guest-aarch64 linux-guest linux-guest-aarch64 stock-guest consumers  ## run every test (unit, consumers, integration against a real QEMU)
 	$(BIN)/pytest -q tests
 
 unit: deps  ## unit tests only (no QEMU), without the slow sweeps (`make test` runs those)
 	$(BIN)/pytest -q -m 'not slow' tests/unit
 
-integration: deps guest guest-aarch64 linux-guest linux-guest-aarch64  ## integration tests only (boots the example guest)
+integration: deps guest guest-aarch64 linux-guest linux-guest-aarch64 stock-guest  ## integration tests only (boots the example guest)
 	$(BIN)/pytest -q tests/integration
 
 mutants: deps guest guest-aarch64 linux-guest linux-guest-aarch64  ## break qmpprof in one place at a time (a frame kind dropped, the KASLR slide off by one, ...) and say which test catches each
@@ -143,6 +144,10 @@ linux-guest:  ## fetch Debian's kernels (6.1, 6.12, bullseye's 5.10, 6.1's 686-p
 	$(MAKE) -s -C examples/linux
 	bash examples/linux/i386/fetch.sh >/dev/null
 	$(MAKE) -s -C examples/linux/i386
+
+stock-guest: system-deps  ## build Debian 12's own user space once (debootstrap --variant=minbase bookworm, python3, perl: a 160 MB initramfs in ~/.cache/qmpprof/stock, ~1 min) for Debian's 6.1 kernel: stock programs, stripped, for tests/integration/test_linux_stock.py
+	bash examples/linux/fetch.sh >/dev/null
+	bash examples/linux/stock/build.sh >/dev/null
 
 #: The arm64 kernel `make test` boots (`make linux-arm64-oracle` fetches the others).
 ARM64_TEST_ABI := 6.1.0-50-cloud-arm64

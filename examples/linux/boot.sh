@@ -5,7 +5,7 @@
 #   boot.sh --qmp SOCKET [--gdb SOCKET|PORT] [--smp N] [--serial LOG] [--timeout SEC]
 #           [--nokaslr] [--abi ABI] [--extra-qmp SOCKET] [--workloads a,b]
 #           [--memory-backend PATH] [--append 'KERNEL ARGS'] [--ram SIZE] [--cpu MODEL]
-#           [--demo]
+#           [--demo] [--initrd PATH]
 #   boot.sh stop PID
 #
 # --append adds kernel command-line arguments (e.g. 'pti=on').
@@ -19,6 +19,8 @@
 # --demo fetches and builds only what `make demo` boots (fetch.sh --demo): the kernel's
 # vmlinuz, no debug vmlinux (kernel= is empty unless cached), and build/demo/'s initramfs
 # (build/bullseye/demo/'s), from libc6 alone: its sysroot has no debug files.
+# --initrd boots the initramfs PATH instead of ours (builds none): stock/build.sh's
+# Debian user space; its /init must print the same ready line. sysroot= is then empty.
 # --gdb opens QEMU's gdbstub on a unix socket, or on a TCP port of 127.0.0.1 if a number.
 # On success prints, one per line on stdout:
 #   pid=<QEMU pid> kernel=<debug vmlinux> vmlinuz=<boot image> abi=<ABI> qmp=<socket>
@@ -44,7 +46,7 @@ if [[ ${1:-} == stop ]]; then  # the example guest's stop: SIGTERM, then SIGKILL
 fi
 
 qmp='' extra_qmp='' gdb='' smp=2 serial='' timeout=120 kaslr='' abi='' workloads=''
-membackend='' append='' cpu='' demo=''
+membackend='' append='' cpu='' demo='' initrd=''
 while [[ $# -gt 0 ]]; do
     case $1 in
         --qmp) qmp=${2:?--qmp needs a value}; shift 2 ;;
@@ -61,7 +63,8 @@ while [[ $# -gt 0 ]]; do
         --ram) MEMORY=${2:?--ram needs a value}; shift 2 ;;
         --cpu) cpu=${2:?--cpu needs a value}; shift 2 ;;
         --demo) demo=--demo; shift ;;
-        -h|--help) sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
+        --initrd) initrd=${2:?--initrd needs a value}; shift 2 ;;
+        -h|--help) sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
         *) die "unknown argument '$1'" ;;
     esac
 done
@@ -88,16 +91,23 @@ while IFS='=' read -r key value; do kernel[$key]=$value; done < <(
 # an older release's guest runs that release's libc, in build/RELEASE/ (the demo's in
 # its demo/). Without --demo make builds every flavour but the demo's, as the tests use.
 flavour=build${kernel[release]:+/${kernel[release]}}${demo:+/demo}
-mkdir -p "$HERE/build"
-flock "$HERE/build/.make.lock" make -s -C "$HERE" ${demo:+"$flavour/initramfs.cpio"} >&2 ||
-    die "building the initramfs failed"
-flavour=$HERE/$flavour
-[[ -f $flavour/initramfs.cpio ]] || die "no $flavour/initramfs.cpio (make -C $HERE)"
+if [[ -n $initrd ]]; then  # another initramfs: none of ours is built, it has no sysroot
+    initrd=$(realpath -- "$initrd") || die "no initramfs $initrd"
+    [[ -f $initrd ]] || die "no initramfs $initrd"
+    sysroot=''
+else
+    mkdir -p "$HERE/build"
+    flock "$HERE/build/.make.lock" make -s -C "$HERE" ${demo:+"$flavour/initramfs.cpio"} >&2 ||
+        die "building the initramfs failed"
+    flavour=$HERE/$flavour
+    initrd=$flavour/initramfs.cpio sysroot=$flavour/sysroot
+    [[ -f $initrd ]] || die "no $initrd (make -C $HERE)"
+fi
 
 pidfile=$(mktemp "${TMPDIR:-/tmp}/qmpprof-linux.XXXXXX")
 trap 'rm -f "$pidfile"' EXIT
 args=(-accel tcg -display none -no-reboot -m "$MEMORY" -smp "$smp" -name qmpprof-linux
-      -kernel "${kernel[vmlinuz]}" -initrd "$flavour/initramfs.cpio"
+      -kernel "${kernel[vmlinuz]}" -initrd "$initrd"
       -append "console=ttyS0 quiet panic=-1 $kaslr${workloads:+ qmpprof.workloads=$workloads}${append:+ $append}"
       -serial "file:$serial" -qmp "unix:$qmp,server=on,wait=off"
       -daemonize -pidfile "$pidfile")
@@ -127,5 +137,5 @@ echo "qmp=$qmp"
 echo "gdb=$gdb"
 echo "serial=$serial"
 echo "accel=tcg"
-echo "initramfs=$flavour/initramfs.cpio"
-echo "sysroot=$flavour/sysroot"
+echo "initramfs=$initrd"
+echo "sysroot=$sysroot"
