@@ -41,9 +41,10 @@ mapped (a shell script's or a build's processes live for less than a second), th
 not for a page of code walks found nothing at already (an exec's samples still hold
 the registers of the program that called execve); beyond that, and after a walk that
 found the task mid context switch, once per REREAD_INTERVAL_S; on an injected clock. In
-an address space's first REREAD_INTERVAL_S every sample walks again, PROMPT_WALKS at
-most, its pcs in known code or not: ld.so runs most of a short-lived program's life,
-after it mapped libc, and the program's exit is named only by a walk made since. A
+an address space's first REREAD_INTERVAL_S every sample walks again, LOADING_WALKS at
+most (not counted in PROMPT_WALKS), its pcs in known code or not: ld.so runs most of a
+short-lived program's life, after it mapped libc, and the program's exit is named only
+by a walk made since. A
 walk that fails is tried again at once (WALK_TRIES). With page-table isolation an
 address space has two CR3s (user and kernel): each is kept on its own.
 
@@ -57,6 +58,7 @@ import time
 from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
+from enum import Enum
 
 from qmpprof.guest.adapter import OsAdapter
 from qmpprof.guest.kernel_types import KernelTypes
@@ -96,6 +98,8 @@ REREAD_INTERVAL_S = 1.0
 #: Walks of one address space in one REREAD_INTERVAL_S that a user PC outside its known
 #: code may ask for at once: a new process's program, ld.so, its libraries, a dlopen.
 PROMPT_WALKS = 8
+#: Walks of a new address space whose known code holds its pcs (_loading), at most.
+LOADING_WALKS = 8
 #: Walks in a row when one fails: after the VM resumed (a copied sample's), a process
 #: that is mapping its files can change its VMAs under a walk.
 WALK_TRIES = 2
@@ -253,8 +257,10 @@ class _Known:
     #: CR3's, so that a vCPU seen mid context switch (or a nonblocking sample whose task
     #: changed after its registers were read) does not walk the maps at every sample.
     switching: bool = False
-    #: When this address space was first walked (its process may be loading its files).
+    #: When this address space was first walked (its process may be loading its files),
+    #: and the walks since that only _loading asked for.
     born: float = 0.0
+    eager: int = 0
     #: Each executable range's start, for _in_code's search.
     starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
@@ -268,6 +274,14 @@ class _History:
 
     parent: int | None
     maps: tuple[tuple[FileMapping, ...], ...]
+
+
+class _Walk(Enum):
+    """Whether maps_for walks an address space again, and why."""
+
+    NO = 0
+    LOADING = 1  # new, its code holding the pcs: _loading
+    NEEDED = 2  # none walked yet, or a pc outside its known code
 
 
 class ProcessMaps:
@@ -326,8 +340,9 @@ class ProcessMaps:
         known = self._known.get(key)
         if not user_pcs and registers.cpl == 3:
             user_pcs = (registers.rip,)
-        if known is None or self._walk_again(known, user_pcs, eager):
-            done = await self._read(registers, task, known, process)
+        why = _Walk.NEEDED if known is None else self._walk_again(known, user_pcs, eager)
+        if known is None or why is not _Walk.NO:
+            done = await self._read(registers, task, known, process, why is _Walk.LOADING)
             if done is None:
                 return self._earlier(process, None, user_pcs) or ()
             if len(self._known) >= MAX_KNOWN:
@@ -341,7 +356,7 @@ class ProcessMaps:
     def would_walk(self, registers: RegisterSet, pcs: Sequence[int], process: int | None) -> bool:
         """Whether `maps_for` would walk the address space for `pcs` now."""
         known = self._known.get((registers.cr3 & _CR3_ADDRESS, process))
-        return known is None or self._walk_again(known, pcs)
+        return known is None or self._walk_again(known, pcs) is not _Walk.NO
 
     def _earlier(
         self, process: int | None, files: tuple[FileMapping, ...] | None, pcs: Sequence[int]
@@ -414,23 +429,24 @@ class ProcessMaps:
             del self._history[next(iter(self._history))]
         self._history[process] = kept
 
-    def _walk_again(self, known: _Known, pcs: Sequence[int], eager: bool = True) -> bool:
-        """Whether an address space is walked again for `pcs` now (module docstring):
-        not when each lies in its known code, unless `eager` and it is new (_loading). A
-        page of code the last walks did not find either (the program that called
-        execve, whose registers an exec's samples still hold) waits for the next
+    def _walk_again(self, known: _Known, pcs: Sequence[int], eager: bool = True) -> _Walk:
+        """Whether an address space is walked again for `pcs` now, and why (module
+        docstring): not when each lies in its known code, unless `eager` and it is new
+        (_loading). A page of code the last walks did not find either (the program that
+        called execve, whose registers an exec's samples still hold) waits for the next
         REREAD_INTERVAL_S."""
         outside = [pc for pc in pcs if not _in_code(known, pc)]
         now = self._clock()
         if known.files is not None and not outside:
-            return eager and _loading(known, now)
+            return _Walk.LOADING if eager and _loading(known, now) else _Walk.NO
         if now - known.read_at >= REREAD_INTERVAL_S:
-            return True
+            return _Walk.NEEDED
         if known.switching:
-            return False
+            return _Walk.NO
         if known.walks >= PROMPT_WALKS and now - known.since < REREAD_INTERVAL_S:
-            return False
-        return any(pc // PAGE_SIZE not in known.missed for pc in outside)
+            return _Walk.NO
+        missed = all(pc // PAGE_SIZE in known.missed for pc in outside)
+        return _Walk.NO if missed else _Walk.NEEDED
 
     def _file_memory(self, registers: RegisterSet) -> FileMemory:
         cache = self._page_cache
@@ -452,11 +468,17 @@ class ProcessMaps:
         return loaded
 
     async def _read(
-        self, registers: RegisterSet, task: int, before: _Known | None, process: int | None
+        self,
+        registers: RegisterSet,
+        task: int,
+        before: _Known | None,
+        process: int | None,
+        loading: bool = False,
     ) -> _Known | None:
         """A new read of the maps; None for a task without an mm (nothing to keep) that
         had none `before`, a `switching` one for a task whose mm is not loaded. A read
-        that found the files is remembered in the history of `process`."""
+        that found the files is remembered in the history of `process`. `loading`: a
+        walk of a new address space (_loading), counted apart from PROMPT_WALKS."""
         now = self._clock()
         loaded = self._loaded_check(registers)
         file_memory = self._file_memory(registers)
@@ -469,26 +491,30 @@ class ProcessMaps:
                 break
             self.stats.failed += 1
         if before is not None and now - before.since < REREAD_INTERVAL_S:
-            since, walks = before.since, before.walks + 1
+            since, walks = before.since, before.walks + (not loading)
         else:
-            since, walks = now, 1
-        born = now if before is None else before.born
+            since, walks = now, int(not loading)
+        born, eager = (now, 0) if before is None else (before.born, before.eager)
+        eager += loading
         if done is not None and done.switching:
             self.stats.switching += 1
-            return _Known(None, (), now, since, walks, switching=True, born=born)
+            return _Known(None, (), now, since, walks, switching=True, born=born, eager=eager)
         if done is None:
             if before is None:
-                return _Known(None, (), now, since, walks, born=born)
-            return replace(before, read_at=now, since=since, walks=walks, switching=False)
+                return _Known(None, (), now, since, walks, born=born, eager=eager)
+            return replace(
+                before, read_at=now, since=since, walks=walks, switching=False, eager=eager
+            )
         self.stats.reads += done.reads
         self.stats.most_reads = max(self.stats.most_reads, done.reads)
         if not done.has_mm and not done.files:  # past exit_mm: it keeps the maps it had
             if before is None:
                 return None
-            return replace(before, read_at=now, since=since, walks=walks)
+            return replace(before, read_at=now, since=since, walks=walks, eager=eager)
         self._remember(process, done, await self._unseen_parent(registers, process, done))
         files, executable = done.files, done.executable
-        return _Known(files, executable, now, since, walks, sources=done.sources, born=born)
+        sources = done.sources
+        return _Known(files, executable, now, since, walks, sources=sources, born=born, eager=eager)
 
     async def read_guest_copies(
         self, registers: RegisterSet, maps: tuple[FileMapping, ...], files: UserFiles
@@ -645,9 +671,10 @@ def _loading(known: _Known, now: float) -> bool:
     again though its code holds every pc: its process may still be mapping its files.
     ld.so runs most of a short-lived program's life, relocating it and libc, which it
     mapped after the first walk; the exit, once its maps are gone, is named only by a
-    walk made since. PROMPT_WALKS at most."""
+    walk made since. LOADING_WALKS at most, apart from PROMPT_WALKS (a library mapped
+    later is still walked for)."""
     young = now - known.born < REREAD_INTERVAL_S
-    return young and not known.switching and known.walks < PROMPT_WALKS
+    return young and not known.switching and known.eager < LOADING_WALKS
 
 
 def _in_code(known: _Known, pc: int) -> bool:

@@ -34,6 +34,7 @@ from qmpprof.memory import WindowMemory
 from qmpprof.model import KERNEL_HALF, FileMapping, MemoryWindow, RegisterSet
 from qmpprof.record.page_reader import PAGE_SIZE
 from qmpprof.record.process_maps import (
+    LOADING_WALKS,
     PROMPT_WALKS,
     REREAD_INTERVAL_S,
     WALK_TRIES,
@@ -211,7 +212,7 @@ def test_maps_are_kept_per_address_space_and_read_again_when_their_code_misses()
     process maps its libraries after its first walk), up to PROMPT_WALKS walks a
     second, but not for a page a walk found nothing at already; a PC inside, or none
     (kernel mode), does only in the address space's first second (its process may
-    still be mapping its files), PROMPT_WALKS walks at most."""
+    still be mapping its files), LOADING_WALKS walks at most, not counted in PROMPT_WALKS."""
     clock = Clock()
     abi, name = CAUGHT[0]
     maps, guest, task = saved_maps(abi, name, clock)
@@ -225,11 +226,12 @@ def test_maps_are_kept_per_address_space_and_read_again_when_their_code_misses()
         expected
     )
     assert (maps.stats.walks, maps.stats.reads) == (1, guest.reads)
-    for walks in range(2, PROMPT_WALKS + 1):
+    for walks in range(2, LOADING_WALKS + 2):
         assert ask(0x401000) == found and maps.stats.walks == walks  # new: walked again
-    assert ask(0x401000) == found and maps.stats.walks == PROMPT_WALKS  # no more this second
+    assert ask(0x401000) == found and maps.stats.walks == LOADING_WALKS + 1  # no more
+    assert ask(0x10) == found and maps.stats.walks == LOADING_WALKS + 2  # outside: a budget apart
     clock.now += REREAD_INTERVAL_S
-    base = PROMPT_WALKS
+    base = LOADING_WALKS + 2
     assert ask(0x401000) == found and maps.stats.walks == base  # inside: nothing new
     assert ask(0x10, cpl=0) == found and maps.stats.walks == base  # kernel mode: no user PC
     assert ask(0x10) == found and maps.stats.walks == base + 1  # outside: at once
