@@ -54,7 +54,8 @@ pytestmark = [
 ]
 
 
-def boot(workdir: Path) -> dict[str, str]:
+def boot(workdir: Path, *extra: str) -> dict[str, str]:
+    """The guest booted with boot.sh's sockets in `workdir` and its `extra` options."""
     command = [
         str(BOOT),
         "--qmp",
@@ -67,6 +68,7 @@ def boot(workdir: Path) -> dict[str, str]:
         str(workdir / "ram"),
         "--retries",
         "0",
+        *extra,
     ]
     for attempt in range(2):
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)

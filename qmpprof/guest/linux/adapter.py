@@ -32,15 +32,17 @@ user task that is exiting has no mm either) is `[comm]`; a CPU's idle task (pid 
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from qmpprof.guest.adapter import NAME_LIMIT, KernelFacts, UserRegisters, task_name
 from qmpprof.guest.dwarf_types import Member
-from qmpprof.guest.linux import syscall_entry
+from qmpprof.guest.linux import syscall_entry, syscall_entry_32
 from qmpprof.guest.linux.page_cache import LinearBases
 from qmpprof.guest.linux.syscall_entry import SystemCallEntry
+from qmpprof.guest.linux.syscall_entry_32 import SystemCallEntry32
 from qmpprof.memory import FetchingMemory, MemoryReader, read_word
 from qmpprof.model import IDLE_CONTEXT, MemoryWindow, Process, RegisterSet
 from qmpprof.unwind.orc import PT_REGS
@@ -173,6 +175,7 @@ class LinuxAdapter:
         syscall_entry.TSS,
         syscall_entry.ENTRY,
         syscall_entry.AFTER_HARDWARE_FRAME,
+        *syscall_entry_32.SYMBOLS,
         *_CURRENT,
     }
 
@@ -185,6 +188,7 @@ class LinuxAdapter:
         top_of_stack: int | None = None,
         word: int = 8,
         system_call_entry: SystemCallEntry | None = None,
+        system_call_entry_32: SystemCallEntry32 | None = None,
     ) -> None:
         self.per_cpu_offsets = per_cpu_offsets
         self.current_task = current_task
@@ -197,6 +201,8 @@ class LinuxAdapter:
         self.word = word
         #: Where a system call's user registers are live, not yet in pt_regs.
         self.system_call_entry = system_call_entry
+        #: i386's int $0x80 and sysenter entries, likewise (syscall_entry_32.py).
+        self.system_call_entry_32 = system_call_entry_32
         self._entry = _ENTRY_FRAME_32 if word == 4 else _ENTRY_FRAME_64
         self.bias = 0
         #: Per (vCPU, per-CPU variable), the value read for the registers of one moment:
@@ -226,16 +232,20 @@ class LinuxAdapter:
             return cls(banner=banner, word=facts.word)
         # 6.1 has no pcpu_hot: a kernel without BTF would scan all of its DWARF for it.
         structs = {"task_struct"} | ({"pcpu_hot"} & facts.symbols.keys())
+        members: tuple[str, ...] = (*TASK_MEMBERS, "top_of_stack", *syscall_entry.TSS_MEMBERS)
         if facts.word == 8 and syscall_entry.TSS in facts.symbols:
             structs |= syscall_entry.TSS_STRUCTS
-        members = (*TASK_MEMBERS, "top_of_stack", *syscall_entry.TSS_MEMBERS)
+        elif facts.word == 4 and facts.symbols.keys() >= syscall_entry_32.DATA:
+            structs |= syscall_entry_32.STRUCTS
+            members = (*members, *syscall_entry_32.MEMBERS)
         layout = facts.types.layout(set(), structs, members)
         task = TaskLayout.from_members(layout.structs.get("task_struct", {}))
         if task is None:
             return cls(banner=banner, word=facts.word)
         top = _top_of_stack(facts, layout.structs)
         entry = SystemCallEntry.from_facts(facts, layout.structs)
-        return cls(offsets, current, task, banner, top, facts.word, entry)
+        entry_32 = SystemCallEntry32.from_facts(facts, layout.structs)
+        return cls(offsets, current, task, banner, top, facts.word, entry, entry_32)
 
     def relocate(self, bias: int) -> None:
         self.bias = bias
@@ -302,16 +312,25 @@ class LinuxAdapter:
         """The `struct pt_regs` at the top of the running task's kernel stack, where every
         entry from user space (system call, interrupt, exception) saves the user's
         registers; None when they are not a user's (a kernel thread, the idle task). In
-        a system call's entry before it has saved them, the vCPU's own (syscall_entry.py)."""
-        entry = self.system_call_entry
+        a system call's entry before it has saved them, the vCPU's own (syscall_entry.py,
+        syscall_entry_32.py)."""
+        entry, entry_32 = self.system_call_entry, self.system_call_entry_32
+
+        def per_cpu(regs: RegisterSet, at: int) -> int:
+            return self._per_cpu_value(regs, memory, at)
+
         if entry is not None:
-            live = entry.user_registers(
-                registers, self.bias, lambda regs, at: self._per_cpu_value(regs, memory, at)
-            )
+            live = entry.user_registers(registers, self.bias, per_cpu)
+            if live is not None:
+                return live
+        current = functools.partial(self.task_address, registers, memory)
+        if entry_32 is not None:
+            live = entry_32.user_registers(registers, self.bias, memory, per_cpu, current)
             if live is not None:
                 return live
         top = self._stack_top(registers, memory)
-        return None if top is None else self._entry.user_registers(top, memory)
+        saved = None if top is None else self._entry.user_registers(top, memory)
+        return saved if entry_32 is None else entry_32.completed(saved, self.bias, memory, current)
 
     def kernel_stack(self, registers: RegisterSet, memory: MemoryReader) -> tuple[int, int] | None:
         """The running task's kernel stack, (start, size); None when the kernel gave no
