@@ -343,11 +343,10 @@ class Capturer:
 
     async def _walk_new_maps(self, regs: RegisterSet, memory: FetchingMemory) -> None:
         """While the VM is paused, walk the maps of a process whose user pc (the vCPU's,
-        or its saved pt_regs') none of its known maps hold, or whose address space is
-        less than a second old (ProcessMaps.would_walk): a process just forked or
+        or its saved pt_regs') none of its known maps hold: a process just forked or
         exec'd, or mapping its libraries, may have exec'd or exited by the time the VM
-        runs again. Other walks (a caller's frame in a library mapped since) wait for
-        the unwinding, after the VM resumed."""
+        runs again. Other walks (a caller's frame in a library mapped since, a new
+        address space's eager ones) wait for the unwinding, after the VM resumed."""
         maps, adapter = self.maps, self._analyzer.adapter
         if maps is None or not isinstance(adapter, LinuxAdapter):
             return
@@ -359,7 +358,7 @@ class Capturer:
             user = None if regs.user_mode else adapter.user_registers(regs, memory)
             pc = regs.pc if regs.user_mode else user[RIP] if user is not None else None
             if pc is not None and maps.would_walk(regs, (pc,), process.pid):
-                await maps.maps_for(regs, task, (pc,), process.pid)
+                await maps.maps_for(regs, task, (pc,), process.pid, eager=False)
 
     async def _examined_windows(self, raw: RawSample) -> CapturedSample:
         return self._analyzer.examine(raw).sample
@@ -373,8 +372,7 @@ class Capturer:
         """`sample` with its process's file mappings: examined with those its address
         space had last (the same, nearly always), again (`complete`) if the maps read now
         differ or files with no host copy were just read from the guest. Not `paused`:
-        a new process is not walked again for code its maps hold (_walk_new_maps was,
-        while the VM was paused; it may have exec'd since)."""
+        the VM ran since (ProcessMaps.maps_for's `later`)."""
         raw, process = sample.raw, sample.process
         if self.maps is None or process is None or process.pid is None:
             return sample  # no Linux maps, or a kernel thread or idle task: no user part
@@ -385,7 +383,8 @@ class Capturer:
         if task is None:
             return sample
         user_pcs = [f.address for f in sample.stack.frames if f.address < KERNEL_HALF]
-        found = await self.maps.maps_for(raw.registers, task, user_pcs, process.pid, paused)
+        pid = process.pid
+        found = await self.maps.maps_for(raw.registers, task, user_pcs, pid, later=not paused)
         if found is None:
             return sample
         if await self.maps.read_guest_copies(raw.registers, found, self._analyzer.files):

@@ -149,12 +149,15 @@ async def read_maps(
     task: int,
     loaded: Loaded = None,
     file_memory: FileMemory = None,
+    known_ids: KnownIds | None = None,
 ) -> MapsRead | None:
     """The maps of `task` (running on `vcpu`); None when kernel memory the walk needed
     could not be read. `loaded(pgd)` says whether those page tables are CR3's: when not,
     the files' pages (their build-ids) are not read. `file_memory(source)`: the
     process's memory with that file's pages it never touched read from the page cache,
-    for a build-id its page tables do not map yet (a process still being exec'd)."""
+    for a build-id its page tables do not map yet (a process still being exec'd).
+    `known_ids`: build-ids an earlier walk of this mm read, by the mapping's `struct
+    file *` and start (the same open file: the same bytes), not read again."""
     reader = PageReader(memory, vcpu)
     walk = MapsWalk(layout, task)
     files = await reader.run(walk.advance)
@@ -162,7 +165,7 @@ async def read_maps(
         return None
     if loaded is not None and walk.pgd is not None and not await loaded(reader, walk.pgd):
         return MapsRead((), (), reader.reads, walk.has_mm, switching=True)
-    found = await _with_build_ids(reader, vcpu, files, file_memory)
+    found = await _with_build_ids(reader, vcpu, files, file_memory, known_ids=known_ids or {})
     sources = tuple(mapped.source for mapped in files)
     parent = await reader.run(parent_read(layout, task)) if walk.has_mm or walk.exiting else None
     parent_task, tgid = (None, None) if parent is UNREADABLE or parent is None else parent
@@ -176,13 +179,18 @@ async def _with_build_ids(
     files: Sequence[MappedFile],
     file_memory: FileMemory,
     tables: bool = True,
+    known_ids: KnownIds | None = None,
 ) -> tuple[FileMapping, ...]:
     """`files` with their build-ids: read through the vCPU's page tables (unless not
-    `tables`), else through `file_memory` (the page cache) where they do not map it."""
+    `tables`), else through `file_memory` (the page cache) where they do not map it;
+    those of `known_ids` as they are there (read_maps)."""
     found = []
     for mapped in files:
         build_id = None
-        if mapped.header is not None:
+        key = None if mapped.source is None else (mapped.source.file, mapped.start)
+        if key is not None and known_ids and key in known_ids:
+            build_id = known_ids[key]
+        elif mapped.header is not None:
             step = BuildIdRead(mapped.header, mapped.header_size)
             read = await reader.run(step.advance) if tables else UNREADABLE
             if read is UNREADABLE and file_memory is not None and mapped.source is not None:
@@ -235,6 +243,8 @@ class MapsStats:
     from_history: int = 0
 
 
+#: Build-ids a walk read, by the mapping's `struct file *` and start (read_maps).
+KnownIds = dict[tuple[int, int], bytes | None]
 #: Says whether an mm's pgd is the page-table root CR3 holds (ProcessMaps._loaded_check).
 Loaded = Callable[[PageReader, int], Awaitable[bool]] | None
 #: A process's memory with one file's pages read from the page cache where its page
@@ -332,10 +342,12 @@ class ProcessMaps:
         user_pcs: Sequence[int] = (),
         process: int | None = None,
         eager: bool = True,
+        later: bool = False,
     ) -> tuple[FileMapping, ...] | None:
         """The mappings of `task`, running on `registers.vcpu` (module docstring). Not
-        `eager`: no walk of a new address space whose code holds `user_pcs` (_loading),
-        for a caller whose VM ran since the sample (its process may have exec'd)."""
+        `eager`: no walk of a new address space whose code holds `user_pcs` (_loading).
+        `later`: the VM ran since the sample; such a walk that finds the task's mm is no
+        longer CR3's (its process exec'd) or none (it exited) keeps what was known."""
         key = (registers.cr3 & _CR3_ADDRESS, process)
         known = self._known.get(key)
         if not user_pcs and registers.cpl == 3:
@@ -345,6 +357,9 @@ class ProcessMaps:
             done = await self._read(registers, task, known, process, why is _Walk.LOADING)
             if done is None:
                 return self._earlier(process, None, user_pcs) or ()
+            moved_on = done.switching or done.files is None
+            if known is not None and why is _Walk.LOADING and later and moved_on:
+                done = replace(known, eager=done.eager)
             if len(self._known) >= MAX_KNOWN:
                 self._known.clear()
             known = self._known[key] = _with_missed(done, user_pcs, known)
@@ -354,9 +369,9 @@ class ProcessMaps:
         return self._earlier(process, known.files, outside) or known.files
 
     def would_walk(self, registers: RegisterSet, pcs: Sequence[int], process: int | None) -> bool:
-        """Whether `maps_for` would walk the address space for `pcs` now."""
+        """Whether `maps_for` (not `eager`) would walk the address space for `pcs` now."""
         known = self._known.get((registers.cr3 & _CR3_ADDRESS, process))
-        return known is None or self._walk_again(known, pcs) is not _Walk.NO
+        return known is None or self._walk_again(known, pcs, eager=False) is not _Walk.NO
 
     def _earlier(
         self, process: int | None, files: tuple[FileMapping, ...] | None, pcs: Sequence[int]
@@ -484,7 +499,8 @@ class ProcessMaps:
         file_memory = self._file_memory(registers)
         for _ in range(WALK_TRIES):
             done = await read_maps(
-                self._memory, registers.vcpu, self._layout, task, loaded, file_memory
+                *(self._memory, registers.vcpu, self._layout, task, loaded, file_memory),
+                known_ids=_known_ids(before),
             )
             self.stats.walks += 1
             if done is not None:
@@ -664,6 +680,18 @@ def _given(
     step: Callable[[MemoryReader, LoadedHeaders], LoadedHeaders], headers: LoadedHeaders
 ) -> Callable[[MemoryReader], LoadedHeaders]:
     return lambda memory: step(memory, headers)
+
+
+def _known_ids(known: _Known | None) -> KnownIds:
+    """The build-ids a kept walk read that it found (None is not kept: a header not
+    mapped then may be now), by each mapping's `struct file *` and start."""
+    if known is None or known.files is None or len(known.sources) != len(known.files):
+        return {}
+    return {
+        (source.file, mapping.start): mapping.build_id
+        for mapping, source in zip(known.files, known.sources, strict=True)
+        if source is not None and mapping.build_id is not None
+    }
 
 
 def _loading(known: _Known, now: float) -> bool:

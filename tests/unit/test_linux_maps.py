@@ -518,3 +518,16 @@ def test_mid_context_switch_the_first_user_pc_is_named_from_the_history() -> Non
     assert program and holding(found, 0x401000) == program and len(found or ()) == 1
     assert maps.stats.switching == 1
     assert asyncio.run(maps.maps_for(switching, task, (0x10, 0x401000), process=7)) == ()
+
+
+def test_a_walk_again_reads_no_build_id_it_read_before() -> None:
+    """A new address space is walked at each sample of its first second: a mapping of
+    the same open file (`struct file *`) at the same start keeps the build-id read
+    before, and its pages are not read again (the VM is paused meanwhile)."""
+    abi, name = CAUGHT[0]
+    maps, guest, task = saved_maps(abi, name, Clock())
+    first = asyncio.run(maps.maps_for(registers(0x401000), task))
+    reads = guest.reads
+    assert first and all(mapping.build_id for mapping in first)
+    assert asyncio.run(maps.maps_for(registers(0x401000), task)) == first
+    assert maps.stats.walks == 2 and 0 < guest.reads - reads < reads
