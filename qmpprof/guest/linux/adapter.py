@@ -328,6 +328,9 @@ class LinuxAdapter:
             live = entry_32.user_registers(registers, self.bias, memory, per_cpu, current)
             if live is not None:
                 return live
+        process = self.process(registers, memory)
+        if process is not None and process.pid is None:
+            return None  # a kernel thread, or idle: mid switch the stack top is the last task's
         top = self._stack_top(registers, memory)
         saved = None if top is None else self._entry.user_registers(top, memory)
         return saved if entry_32 is None else entry_32.completed(saved, self.bias, memory, current)
