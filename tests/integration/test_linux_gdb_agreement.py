@@ -54,7 +54,8 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -117,12 +118,15 @@ PF_KTHREAD = 0x0020_0000
 #: by either) pops pt_regs and ends in iretq: ORC describes the iret frame left on the
 #: stack, GDB lists the words above it as frames (seen: 0x33, the user CS, named
 #: fixed_percpu_data).
+#: The interrupt exits end in native_iret (5.10) or early_xen_iret_patch (6.1, 6.12; the
+#: check of the stack segment, the iretq at native_irq_return_iret): exit code too.
 #: Entry and exit code. asm_load_gs_index is not: an ordinary leaf (swapgs, mov to %gs,
 #: swapgs, ret) that __switch_to calls; GDB's frames past it are its callers.
 ENTRY = re.compile(
     r"entry_SYSCALL_64\w*|asm_(?!load_gs_index$)\w+|ret_from_fork\w*|entry_INT80\w*|error_entry"
     r"|__irqentry_text_end|common_interrupt_return|swapgs_restore_regs_and_return_to_usermode"
     r"|restore_regs_and_return_to_kernel|error_return"
+    r"|native_iret|native_irq_return_iret|native_irq_return_ldt|early_xen_iret_patch"
 )
 #: GDB's registers that pt_regs holds, with pt_regs's name for each.
 USER_REGISTERS = {
@@ -393,6 +397,16 @@ class LinuxOracle:
         with self.registers_set(thread, values):
             return self.user_frames(thread, task.comm)
 
+    def frames_from_pt_regs(self, thread: int, address: int) -> tuple[list[GdbFrame], bool]:
+        """GDB's kernel frames (trusted_kernel_frames) from the kernel registers an
+        interrupt or exception taken in kernel mode saved at `address` (its pt_regs),
+        GDB's registers set to them for that backtrace only."""
+        regs = f"((struct pt_regs *){address:#x})->"
+        assert self.number(f"{regs}cs", thread) & 3 == 0, "not a kernel mode's pt_regs"
+        values = {r: self.number(f"{regs}{member}", thread) for r, member in USER_REGISTERS.items()}
+        with self.registers_set(thread, values):
+            return trusted_kernel_frames(self.frames(thread))
+
     @contextmanager
     def registers_set(self, thread: int, values: dict[str, int]) -> Iterator[None]:
         """GDB's registers of `thread` set to `values` for the block (a backtrace from
@@ -610,6 +624,8 @@ class Agreement:
     #: User tasks' kernel samples whose whole stack has no oracle (saving_user_registers,
     #: switching_address_space): their kernel part is counted, their whole stack is not.
     whole_unjudged: int = 0
+    #: GDB's leaf function of each, counted (the table says where they were).
+    unjudged_leaves: Counter[str] = field(default_factory=Counter)
 
     def add(self, seen: Observed, dumped: Dumped) -> None:
         label, frames = dumped
@@ -652,6 +668,7 @@ class Agreement:
         # GDB's own frames, its inlined calls included (context_switch inside __schedule).
         if saving_user_registers(seen) or switching_address_space(seen):
             self.whole_unjudged += 1
+            self.unjudged_leaves[str(seen.kernel[0].function if seen.kernel else None)] += 1
             return
         whole = kernel and agree(observed.user, ours_user)
         both = observed.kernel + observed.user
@@ -666,6 +683,8 @@ class Agreement:
                 f"  whole stack without an oracle (saving the user's registers, or mid context"
                 f" switch): {self.whole_unjudged}"
             )
+            leaves = ", ".join(f"{n} {leaf}" for leaf, n in self.unjudged_leaves.most_common())
+            lines.append(f"    their leaves: {leaves}")
         for kind, tally in self.classes.items():
             if kind == SWITCHED and not tally.samples:
                 continue  # only its own test stops there
@@ -1113,31 +1132,38 @@ def test_every_instruction_of_the_system_call_entry_agrees_with_gdb(
     every_stop_agreed(result, USER_TASK_WHOLE, len(taken))
 
 
-#: Interrupts and exceptions stopped at error_entry until one came from user mode.
+#: Interrupts and exceptions stopped at error_entry (or an exit) until one came from the
+#: mode asked for.
 MAX_ENTRY_STOPS = 40
 #: Each instruction judged costs two `qmpprof dump`s: by default the first few and every
-#: ENTRY_STRIDE-th of error_entry's path are judged (about 3 minutes);
+#: ENTRY_STRIDE-th of error_entry's path are judged (10-30 s a test), and of each other
+#: window stepped the first EXIT_FIRST, every EXIT_STRIDE-th and its iretq;
 #: QMPPROF_LINUX_GDB_EVERY_INSTRUCTION=1 judges every one.
 EVERY_INSTRUCTION = os.environ.get("QMPPROF_LINUX_GDB_EVERY_INSTRUCTION") == "1"
 ENTRY_STRIDE = 1 if EVERY_INSTRUCTION else 7
 ENTRY_FIRST = 4
+EXIT_STRIDE = 1 if EVERY_INSTRUCTION else 4
+EXIT_FIRST = 2
 #: Above error_entry's return address at its first instruction: the error code (or -1),
 #: then the interrupt frame's RIP and CS.
 INTERRUPTED_CS_AT = 3 * 8
+#: Where pt_regs keeps CS (offsetof(struct pt_regs, cs)).
+PT_REGS_CS_AT = 17 * 8
 
 
-def entry_from_user_mode(oracle: LinuxOracle, site: int) -> tuple[int, int]:
+def entry_from(oracle: LinuxOracle, site: int, user_mode: bool) -> tuple[int, int]:
     """Stop at error_entry's first instruction (`site`) until a vCPU reaches it from user
-    mode (the interrupt frame's CS): its GDB thread, and the return address into the
-    stub that called it (at RSP, on the CPU's entry stack, which the user half of a PTI
-    pair maps)."""
+    mode (or kernel mode: the interrupt frame's CS): its GDB thread, and the return
+    address into the stub that called it (at RSP, on the CPU's entry stack, which the
+    user half of a PTI pair maps)."""
     for _ in range(MAX_ENTRY_STOPS):
         thread, _ = stop_at(oracle.gdb, site)
         oracle.gdb.command(f"-thread-select {thread}")
         rsp = oracle.number("$rsp", thread)
-        if oracle.word(rsp + INTERRUPTED_CS_AT) & 3 == 3:
+        if (oracle.word(rsp + INTERRUPTED_CS_AT) & 3 == 3) == user_mode:
             return thread, oracle.word(rsp)
-    raise AssertionError(f"no entry from user mode in {MAX_ENTRY_STOPS} stops at error_entry")
+    mode = "user" if user_mode else "kernel"
+    raise AssertionError(f"no entry from {mode} mode in {MAX_ENTRY_STOPS} stops at error_entry")
 
 
 def with_stub(frames: list[GdbFrame], stub: GdbFrame) -> list[GdbFrame]:
@@ -1149,6 +1175,47 @@ def with_stub(frames: list[GdbFrame], stub: GdbFrame) -> list[GdbFrame]:
     if kernel and kernel[-1].function == "error_entry":
         return [*kernel, replace(stub, level=len(kernel))]
     return kernel
+
+
+class Step(NamedTuple):
+    """One instruction judged: GDB's backtrace there (the kernel's tables loaded) and
+    qmpprof's dumps, with the files and with none."""
+
+    frames: list[GdbFrame]
+    with_files: Dumped
+    no_files: Dumped
+
+    @classmethod
+    def take(cls, oracle: LinuxOracle, guest: LinuxGuest, thread: int) -> Step:
+        with oracle.kernel_tables(thread):
+            frames = oracle.frames(thread)
+        with_files = qmpprof_frames(guest, oracle.module_dir)[thread - 1]
+        return cls(frames, with_files, qmpprof_frames(guest, oracle.module_dir, True)[thread - 1])
+
+
+def stepped(
+    oracle: LinuxOracle,
+    guest: LinuxGuest,
+    thread: int,
+    done: Callable[[int], bool],
+    judged: Callable[[int, int], bool],
+) -> tuple[list[int], list[Step]]:
+    """Step `thread` (GDB's stepi) until `done(pc)`: the distinct pcs it ran (`rep movsq`
+    repeats its pc, once per word), and a Step at each pc `judged(pc, its number)`."""
+    pcs: list[int] = []
+    taken: list[Step] = []
+    while not done(pc := oracle.number("$pc", thread)):
+        assert len(pcs) < MAX_RETURN_STEPS, f"still stepping after {len(pcs)} instructions"
+        if pc not in pcs:
+            pcs.append(pc)
+            if judged(pc, len(pcs)):
+                taken.append(Step.take(oracle, guest, thread))
+        step_instruction(oracle.gdb, thread)
+    return pcs, taken
+
+
+def entry_judged(_: int, number: int) -> bool:
+    return number <= ENTRY_FIRST or number % ENTRY_STRIDE == 0
 
 
 def test_every_instruction_of_an_interrupt_entry_from_user_mode_agrees_with_gdb(
@@ -1164,35 +1231,155 @@ def test_every_instruction_of_an_interrupt_entry_from_user_mode_agrees_with_gdb(
     stops at when error_entry returns, and GDB's backtrace from the pt_regs complete
     there. qmpprof, with the vmlinux and with none, must agree on the whole stack."""
     guest, oracle = linux_under_gdb
-    gdb = oracle.gdb
     (site,) = nm_symbols(guest.kernel)["error_entry"]
-    thread, returns_to = entry_from_user_mode(oracle, site + kernel_slide(guest))
-    taken: list[tuple[list[GdbFrame], Dumped, Dumped]] = []
-    pcs: list[int] = []
-    while (pc := oracle.number("$pc", thread)) != returns_to:
-        assert len(pcs) < MAX_RETURN_STEPS, f"error_entry did not return after {len(pcs)}"
-        if pc not in pcs:  # `rep movsq` repeats its pc, once per word
-            pcs.append(pc)
-            if len(pcs) <= ENTRY_FIRST or len(pcs) % ENTRY_STRIDE == 0:
-                with oracle.kernel_tables(thread):
-                    frames = oracle.frames(thread)
-                with_files = qmpprof_frames(guest, oracle.module_dir)[thread - 1]
-                no_files = qmpprof_frames(guest, oracle.module_dir, True)[thread - 1]
-                taken.append((frames, with_files, no_files))
-        step_instruction(gdb, thread)
+    thread, returns_to = entry_from(oracle, site + kernel_slide(guest), user_mode=True)
+    pcs, taken = stepped(oracle, guest, thread, lambda pc: pc == returns_to, entry_judged)
     saved = replace(oracle.observe(thread), user_registers_whole=True)
     assert saved.kind == USER_TASK_KERNEL and saved.user, saved
     stub = saved.kernel[0]
     assert stub.address == returns_to and stub.function and ENTRY.fullmatch(stub.function), stub
     result, _ = agreements(guest, len(taken) + 1, ", stepped through error_entry")
-    for frames, with_files, no_files in taken:
-        observed = replace(saved, kernel=with_stub(frames, stub), kernel_complete=True)
-        result.add(observed, with_files)
-        from_memory(result).add(observed, no_files)
+    for step in taken:
+        observed = replace(saved, kernel=with_stub(step.frames, stub), kernel_complete=True)
+        result.add(observed, step.with_files)
+        from_memory(result).add(observed, step.no_files)
     judge(result, guest, oracle, thread, replace(saved, kernel_complete=True))
     print(f"error_entry: {len(pcs)} instructions from {stub.function}, {len(taken)} judged")
     assert len(pcs) >= 30, len(pcs)
     every_stop_agreed(result, USER_TASK_WHOLE, len(taken) + 1)
+
+
+def test_every_instruction_of_an_interrupt_entry_from_kernel_mode_agrees_with_gdb(
+    linux_under_gdb: tuple[LinuxGuest, LinuxOracle],
+) -> None:
+    """As above, for an interrupt or exception taken in kernel mode (a timer interrupt
+    in a system call, a kernel thread or the idle loop; error_entry's
+    .Lerror_kernelspace path: no swapgs, no stack switch, pt_regs on the interrupted
+    stack), to error_entry's return into the stub. The oracle at each instruction: GDB's
+    leaf frames down to error_entry, the stub, and GDB's backtrace from the pt_regs
+    error_entry returns (the interrupted kernel code, down to its own entry frame), with
+    a user task's user frames below; qmpprof, with the vmlinux and with none, must agree
+    on the whole stack."""
+    guest, oracle = linux_under_gdb
+    (site,) = nm_symbols(guest.kernel)["error_entry"]
+    thread, returns_to = entry_from(oracle, site + kernel_slide(guest), user_mode=False)
+    pcs, taken = stepped(oracle, guest, thread, lambda pc: pc == returns_to, entry_judged)
+    taken.append(Step.take(oracle, guest, thread))
+    saved = replace(oracle.observe(thread), user_registers_whole=True)
+    stub = saved.kernel[0]
+    assert stub.address == returns_to and stub.function and ENTRY.fullmatch(stub.function), stub
+    interrupted, complete = oracle.frames_from_pt_regs(thread, oracle.number("$rsp", thread))
+    result, _ = agreements(guest, len(taken), ", stepped through error_entry from the kernel")
+    for step in taken:
+        kernel = [*with_stub(step.frames, stub), *interrupted]
+        observed = replace(saved, kernel=relevelled(kernel), kernel_complete=complete)
+        result.add(observed, step.with_files)
+        from_memory(result).add(observed, step.no_files)
+    print(f"error_entry from the kernel: {len(pcs)} instructions, {len(taken)} judged, GDB's")
+    print(f"  {names(observed)}")
+    assert len(pcs) >= 20, len(pcs)
+    every_stop_agreed(result, None, len(taken))
+
+
+def names(observed: Observed) -> str:
+    """The functions of what GDB `observed`, leaf first (a test's record of its stack)."""
+    frames = [*observed.kernel, *observed.user]
+    return f"{observed.label}: " + " < ".join(f.function or hex(f.address) for f in frames)
+
+
+def relevelled(frames: list[GdbFrame]) -> list[GdbFrame]:
+    """Frames put together from several backtraces, numbered again from the leaf."""
+    return [replace(frame, level=level) for level, frame in enumerate(frames)]
+
+
+def exit_judged(iret: int) -> Callable[[int, int], bool]:
+    """An exit's instructions judged: the first EXIT_FIRST, every EXIT_STRIDE-th and the
+    iretq (at `iret`), where the hardware frame alone is left."""
+    return lambda pc, number: number <= EXIT_FIRST or number % EXIT_STRIDE == 0 or pc == iret
+
+
+def exit_from(oracle: LinuxOracle, site: int, user_mode: bool) -> tuple[int, int]:
+    """Stop at an exit's first instruction (`site`, pt_regs at RSP) until a vCPU returns
+    there to user mode (or kernel mode: pt_regs' CS): its GDB thread and pt_regs."""
+    for _ in range(MAX_ENTRY_STOPS):
+        thread, _ = stop_at(oracle.gdb, site)
+        oracle.gdb.command(f"-thread-select {thread}")
+        with oracle.kernel_tables(thread):
+            rsp = oracle.number("$rsp", thread)
+            if (oracle.word(rsp + PT_REGS_CS_AT) & 3 == 3) == user_mode:
+                return thread, rsp
+    mode = "user" if user_mode else "kernel"
+    raise AssertionError(f"no return to {mode} mode in {MAX_ENTRY_STOPS} stops at {site:#x}")
+
+
+def exit_sites(guest: LinuxGuest) -> tuple[int, int, int]:
+    """The returns to user mode (common_interrupt_return: 5.10, 6.1 and 6.12 all have
+    it, at swapgs_restore_regs_and_return_to_usermode) and to kernel mode
+    (restore_regs_and_return_to_kernel), and the iretq both end in."""
+    symbols, slide = nm_symbols(guest.kernel), kernel_slide(guest)
+    names = ("common_interrupt_return", "restore_regs_and_return_to_kernel")
+    (user, kernel, iret) = (min(symbols[n]) + slide for n in (*names, "native_irq_return_iret"))
+    return user, kernel, iret
+
+
+def test_every_instruction_of_an_interrupt_return_to_user_mode_agrees_with_gdb(
+    linux_under_gdb: tuple[LinuxGuest, LinuxOracle],
+) -> None:
+    """A vCPU stepped (GDB's stepi) through an interrupt's or exception's return to user
+    mode, from common_interrupt_return's first instruction to the user instruction
+    after its iretq: pt_regs popped, the switch to the CPU's entry stack, the iret frame
+    copied there, the CR3 switch to the user tables (`pti=on`: the kernel's stack is
+    unmapped from there on), swapgs, the iretq. At every instruction GDB's user frames
+    come from the pt_regs the exit restores (the task's stack still holds them) and its
+    kernel frame is the leaf; qmpprof, with the vmlinux and with none, must agree on the
+    whole stack."""
+    guest, oracle = linux_under_gdb
+    user, _, iret = exit_sites(guest)
+    thread, _ = exit_from(oracle, user, user_mode=True)
+    saved = replace(oracle.observe(thread), user_registers_whole=True)
+    assert saved.kind == USER_TASK_KERNEL and saved.user, saved
+
+    def returned(_: int) -> bool:
+        return oracle.number("$cs", thread) & 3 == 3
+
+    pcs, taken = stepped(oracle, guest, thread, returned, exit_judged(iret))
+    result, _ = agreements(guest, len(taken), ", stepped from common_interrupt_return to user")
+    for step in taken:
+        observed = replace(saved, kernel=step.frames[:1], kernel_complete=True)
+        result.add(observed, step.with_files)
+        from_memory(result).add(observed, step.no_files)
+    print(f"return to user mode: {len(pcs)} instructions, {len(taken)} judged")
+    assert iret in pcs and len(pcs) >= 20, [hex(pc) for pc in pcs]
+    every_stop_agreed(result, USER_TASK_WHOLE, len(taken))
+
+
+def test_every_instruction_of_an_interrupt_return_to_kernel_mode_agrees_with_gdb(
+    linux_under_gdb: tuple[LinuxGuest, LinuxOracle],
+) -> None:
+    """A vCPU stepped (GDB's stepi) through an interrupt's or exception's return to
+    kernel mode, from restore_regs_and_return_to_kernel's first instruction to the
+    interrupted instruction its iretq goes back to: pt_regs popped, the iretq. The oracle
+    at every instruction: GDB's leaf and its backtrace from the pt_regs being restored
+    (the interrupted kernel code down to its entry frame), with a user task's user
+    frames below; qmpprof, with the vmlinux and with none, must agree on the whole
+    stack."""
+    guest, oracle = linux_under_gdb
+    _, to_kernel, iret = exit_sites(guest)
+    thread, regs = exit_from(oracle, to_kernel, user_mode=False)
+    resumes = oracle.number(f"((struct pt_regs *){regs:#x})->ip", thread)
+    interrupted, complete = oracle.frames_from_pt_regs(thread, regs)
+    saved = replace(oracle.observe(thread), user_registers_whole=True)
+    pcs, taken = stepped(oracle, guest, thread, lambda pc: pc == resumes, exit_judged(iret))
+    result, _ = agreements(guest, len(taken), ", stepped from the return to the kernel")
+    for step in taken:
+        kernel = relevelled([*step.frames[:1], *interrupted])
+        observed = replace(saved, kernel=kernel, kernel_complete=complete)
+        result.add(observed, step.with_files)
+        from_memory(result).add(observed, step.no_files)
+    print(f"return to kernel mode: {len(pcs)} instructions, {len(taken)} judged, GDB's")
+    print(f"  {names(observed)}")
+    assert iret in pcs and len(pcs) >= 10, [hex(pc) for pc in pcs]
+    every_stop_agreed(result, None, len(taken))
 
 
 #: Stops at the first instruction of a retpoline thunk.

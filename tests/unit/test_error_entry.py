@@ -36,6 +36,9 @@ STUB = "asm_sysvec_apic_timer_interrupt"
 ENTRY_STACK_TOP = 0xFFFF_FE00_0000_3000
 USER_RIP, USER_CALLER, USER_RSP, USER_RBP = 0x40_16D8, 0x40_16FD, 0x7FFD_0F00, 0x7FFD_1000
 USER_CS, USER_SS, RFLAGS = 0x33, 0x2B, 0x202
+#: An interrupt taken in kernel mode: at a function's first instruction (its ORC row
+#: reads the return address at RSP), on a stack whose return address is zero.
+KERNEL_FUNCTION, KERNEL_RSP, KERNEL_CS = "default_idle", 0xFFFF_C900_0000_3F00, 0x10
 _LINE = re.compile(r"^\s*([0-9a-f]+):\t(\S+)[ \t]*([^#\n]*)", re.MULTILINE)
 OBJDUMP = ("objdump", "-d", "--no-show-raw-insn")
 _WIDE = {"e" + n: "r" + n for n in ("ax", "bx", "cx", "dx", "si", "di", "bp", "sp")}
@@ -79,10 +82,13 @@ def register(operand: str) -> str:
 class Machine:
     """The registers and the entry stack the instructions run on (only what they touch)."""
 
-    def __init__(self, returns: int) -> None:
+    def __init__(self, returns: int, interrupted: tuple[int, int, int, int] | None = None) -> None:
+        """`interrupted`: the RIP, CS, RSP and SS the interrupt frame holds (the user's
+        by default)."""
+        rip, cs, rsp, ss = interrupted or (USER_RIP, USER_CS, USER_RSP, USER_SS)
         self.regs = {name: 0x1000 + 8 * n for n, name in enumerate(DWARF_REGISTER_NAMES)}
         self.regs["rbp"] = USER_RBP
-        frame = [returns, (1 << 64) - 1, USER_RIP, USER_CS, RFLAGS, USER_RSP, USER_SS]
+        frame = [returns, (1 << 64) - 1, rip, cs, RFLAGS, rsp, ss]
         self.regs["rsp"] = ENTRY_STACK_TOP - 8 * len(frame)
         self.stack = {self.regs["rsp"] + 8 * n: word for n, word in enumerate(frame)}
 
@@ -110,7 +116,10 @@ class Machine:
             self.stack.get(a, 0).to_bytes(8, "little") for a in range(low, ENTRY_STACK_TOP, 8)
         )
         user = (0).to_bytes(8, "little") + USER_CALLER.to_bytes(8, "little")
-        return WindowMemory([MemoryWindow(low, words), MemoryWindow(USER_RBP, user)])
+        # The interrupted kernel stack: a zero return address, where the stack ends.
+        kernel = bytes(16)
+        windows = [MemoryWindow(low, words), MemoryWindow(USER_RBP, user)]
+        return WindowMemory([*windows, MemoryWindow(KERNEL_RSP, kernel)])
 
     def unwind_from(self, pc: int, module: Module) -> list[int]:
         regs: list[int | None] = [None] * REGISTER_COUNT
@@ -166,3 +175,44 @@ def test_every_instruction_of_error_entry_from_user_mode_unwinds_through_the_stu
         if frames[:4] != [a, returns, USER_RIP, USER_CALLER]
     ]
     assert len(seen) >= 30 and not wrong, wrong
+
+
+def kernel_mode_path(code: dict[int, tuple[str, str]], start: int) -> list[int]:
+    """error_entry's instructions from `start` that an entry from kernel mode runs, in
+    order, to its return (`jmp __x86_return_thunk`): the `je` after the test of CS taken
+    (.Lerror_kernelspace), the next two not (the interrupted pc is no iretq), the `jne`
+    taken (nor .Lgs_change)."""
+    path, pc, je_seen = [], start, 0
+    while True:
+        path.append(pc)
+        op, args = code[pc]
+        if "<__x86_return_thunk>" in args or op == "ret":
+            return path
+        taken = op == "jne" or (op == "je" and je_seen == 0)
+        je_seen += op == "je"
+        pc = int(args.split()[0], 16) if taken else min(a for a in code if a > pc)
+
+
+@pytest.mark.parametrize("abi", ABIS)
+def test_every_instruction_of_error_entry_from_kernel_mode_unwinds_through_the_stub(
+    abi: str,
+) -> None:
+    """The same on error_entry's path from kernel mode (.Lerror_kernelspace): the frames
+    must be error_entry's pc, the stub's return address and the interrupted kernel pc."""
+    elf, module = vmlinux(abi), kernel(abi)
+    symbols = nm_symbols(elf)
+    (start,) = symbols["error_entry"]
+    interrupted = min(symbols[KERNEL_FUNCTION])
+    code = {a: (op, args) for a, op, args in disassembly(elf, start, 0x200)}
+    returns = returns_to(elf)
+    machine = Machine(returns, (interrupted, KERNEL_CS, KERNEL_RSP, 0))
+    seen = []
+    for pc in kernel_mode_path(code, start):
+        seen.append((pc, machine.unwind_from(pc, module)))
+        machine.run(*code[pc])
+    wrong = [
+        (hex(a), [hex(f) for f in frames])
+        for a, frames in seen
+        if frames[:3] != [a, returns, interrupted]
+    ]
+    assert len(seen) >= 20 and not wrong, wrong
