@@ -21,14 +21,11 @@ wrong process, so nothing is read or kept (`stats.switching`); only the first us
 backend raises (a QMP session's errors); a fault in guest memory ends the walk and is
 counted, never raised.
 
-Each process (tgid) also keeps a history: the files of its last HISTORY_DEPTH distinct
-walks, in any address space, and at its first walk the newest maps of its parent
-(task->real_parent: fork copied the parent's mm). A user pc that the current maps do
-not hold but an earlier one does is named by that mapping (`stats.from_history`), as
-perf names samples from its record of each process's mappings: inside execve, once the
-new mm is loaded, the registers are still the program's that called it; in exit, after
-exit_mmap, the process has no maps left. A history whose parent is not the walk's
-belongs to an earlier process with the same pid, and starts over.
+Each process (tgid) also keeps a history of its earlier maps (record/process_history.py):
+a user pc the current maps do not hold but an earlier one does is named by that mapping
+(`stats.from_history`), as perf names samples inside execve and after exit_mmap. A
+process whose history starts gets its parent's maps (task->real_parent), walked from the
+child's vCPU when no walk saw them.
 
 Maps are kept per address space: CR3 without its PCID bits, and `process` (the tgid,
 which the caller has from the adapter's label) when given, since a freed page directory
@@ -90,6 +87,7 @@ from qmpprof.model import FileMapping, RegisterSet
 from qmpprof.modules import Module
 from qmpprof.record.file_pages import FileBackedMemory, PageCache
 from qmpprof.record.page_reader import PAGE_SIZE, UNREADABLE, PageReader
+from qmpprof.record.process_history import ProcessHistory
 from qmpprof.symbols.elf import Symbol
 from qmpprof.target.memory import MemoryBackend
 from qmpprof.user_files import UserFiles
@@ -109,11 +107,6 @@ MAX_MISSED = 64
 #: Address spaces whose maps are kept before the cache starts over (a guest that starts
 #: processes by the thousand; each is read again when next seen).
 MAX_KNOWN = 4096
-#: Earlier maps kept per process, newest first: its address spaces before an exec, and
-#: at its first walk the maps of the parent it was forked from.
-HISTORY_DEPTH = 4
-#: Processes whose earlier maps are kept (the least recently walked forgotten first).
-MAX_HISTORIES = 4096
 #: Pages asked for at once when reading a loaded file's tables (guest/loaded_elf.py).
 IMAGE_CHUNK_PAGES = 16
 #: CR3's address bits: the low 12 are PCID (or flags), the top bit is "no flush".
@@ -277,13 +270,12 @@ class _Known:
     def __post_init__(self) -> None:
         self.starts = tuple(start for start, _ in self.executable)
 
-
-@dataclass(frozen=True)
-class _History:
-    """A process's earlier maps, newest first, and its parent's process id."""
-
-    parent: int | None
-    maps: tuple[tuple[FileMapping, ...], ...]
+    def file_sources(self) -> dict[FileMapping, FileSource | None] | None:
+        """Each file the walk found, with its FileSource (None for a mapping of no file:
+        the vDSO); None when the walk kept no sources for them."""
+        if self.files is None or len(self.sources) != len(self.files):
+            return None
+        return dict(zip(self.files, self.sources, strict=True))
 
 
 class _Walk(Enum):
@@ -311,9 +303,7 @@ class ProcessMaps:
         self._clock = clock
         self._page_cache = page_cache
         self._known: dict[tuple[int, int | None], _Known] = {}
-        #: Each process's earlier maps, newest first (_remember), the least recently
-        #: walked process first.
-        self._history: dict[int, _History] = {}
+        self._history = ProcessHistory()
         #: Files with no host copy whose last read from the guest found nothing or part
         #: of them: in which address space (read_guest_copies).
         self._copy_tried_in: dict[tuple[str, bytes | None], int] = {}
@@ -376,31 +366,11 @@ class ProcessMaps:
     def _earlier(
         self, process: int | None, files: tuple[FileMapping, ...] | None, pcs: Sequence[int]
     ) -> tuple[FileMapping, ...] | None:
-        """`files` with the mappings of the process's earlier maps that hold `pcs` (and
-        overlap none of `files`), sorted by start; None when they hold none. A sample
-        inside execve, once the new program's mm is loaded, still has the registers of
-        the program that called it: the pre-exec maps, or the parent's it was forked
-        with, name its user frame, as perf's history of a process's mappings does."""
-        if process is None or not pcs or process not in self._history:
-            return None
-        current = files or ()
-        added: list[FileMapping] = []
-        for pc in pcs:
-            mapping = _holding(self._history[process].maps, pc)
-            if mapping is None or mapping in added:
-                continue
-            if not any(m.start < mapping.end and mapping.start < m.end for m in current):
-                added.append(mapping)
-        if not added:
-            return None
-        self.stats.from_history += 1
-        return tuple(sorted((*current, *added), key=lambda mapping: mapping.start))
-
-    def _starts_history(self, process: int, parent: int | None) -> bool:
-        """Whether a walk that found `parent` starts the history of `process`: none yet,
-        or one whose parent is not `parent` (another process that had the same pid)."""
-        kept = self._history.get(process)
-        return kept is None or kept.parent != parent
+        """`files` with the mappings of the process's earlier maps that hold `pcs`
+        (ProcessHistory.holding); None when they hold none."""
+        found = self._history.holding(process, files, pcs)
+        self.stats.from_history += found is not None
+        return found
 
     async def _unseen_parent(
         self, registers: RegisterSet, process: int | None, done: MapsRead
@@ -409,9 +379,9 @@ class ProcessMaps:
         walk saw them (a child seen first inside its exec, its parent not sampled yet:
         the recording's start, a shell waiting for its children)."""
         parent, task = done.parent, done.parent_task
-        if process is None or parent is None or task is None or parent in self._history:
+        if process is None or parent is None or task is None or self._history.knows(parent):
             return ()
-        if not self._starts_history(process, parent):
+        if not self._history.starts(process, parent):
             return ()
         vcpu = registers.vcpu
         files, reads = await read_parent_maps(
@@ -421,28 +391,6 @@ class ProcessMaps:
         self.stats.failed += reads > 0 and not files
         self.stats.reads += reads
         return files
-
-    def _remember(
-        self, process: int | None, done: MapsRead, inherited: tuple[FileMapping, ...] = ()
-    ) -> None:
-        """Keep the files of a successful walk in the history of `process`, after its
-        parent's newest maps (or `inherited`, its parent's just read) when its history
-        starts (a forked child's mm is a copy of its parent's). A history whose parent
-        is not the walk's is another process's that had the same pid, and starts over."""
-        if process is None:
-            return
-        kept = self._history.pop(process, None)
-        if kept is None or kept.parent != done.parent:
-            parent = self._history.get(done.parent) if done.parent is not None else None
-            first = parent.maps[:1] if parent else (inherited,) if inherited else ()
-            kept = _History(done.parent, first)
-        if done.files and (not kept.maps or kept.maps[0] != done.files):
-            kept = _History(kept.parent, (done.files, *kept.maps)[:HISTORY_DEPTH])
-        if not kept.maps:
-            return
-        if len(self._history) >= MAX_HISTORIES:
-            del self._history[next(iter(self._history))]
-        self._history[process] = kept
 
     def _walk_again(self, known: _Known, pcs: Sequence[int], eager: bool = True) -> _Walk:
         """Whether an address space is walked again for `pcs` now, and why (module
@@ -527,7 +475,9 @@ class ProcessMaps:
             if before is None:
                 return None
             return replace(before, read_at=now, since=since, walks=walks, eager=eager)
-        self._remember(process, done, await self._unseen_parent(registers, process, done))
+        if process is not None:
+            inherited = await self._unseen_parent(registers, process, done)
+            self._history.remember(process, done.parent, done.files, inherited)
         files, executable = done.files, done.executable
         sources = done.sources
         return _Known(files, executable, now, since, walks, sources=sources, born=born, eager=eager)
@@ -579,11 +529,11 @@ class ProcessMaps:
         cr3, wanted = registers.cr3 & _CR3_ADDRESS, set(maps)
         found: dict[FileMapping, FileSource | None] | None = None
         for (space, _), known in self._known.items():
-            files = known.files
-            if space != cr3 or files is None or len(known.sources) != len(files):
+            sources = known.file_sources() if space == cr3 else None
+            if sources is None or not wanted.issuperset(sources):
                 continue
-            if wanted.issuperset(files) and (found is None or len(files) > len(found)):
-                found = dict(zip(files, known.sources, strict=True))
+            if found is None or len(sources) > len(found):
+                found = sources
         return found
 
     async def _guest_copy(
@@ -685,11 +635,10 @@ def _given(
 def _known_ids(known: _Known | None) -> KnownIds:
     """The build-ids a kept walk read that it found (None is not kept: a header not
     mapped then may be now), by each mapping's `struct file *` and start."""
-    if known is None or known.files is None or len(known.sources) != len(known.files):
-        return {}
+    sources = known.file_sources() if known is not None else None
     return {
         (source.file, mapping.start): mapping.build_id
-        for mapping, source in zip(known.files, known.sources, strict=True)
+        for mapping, source in (sources or {}).items()
         if source is not None and mapping.build_id is not None
     }
 
@@ -712,16 +661,6 @@ def _in_code(known: _Known, pc: int) -> bool:
     every user frame of every sample)."""
     at = bisect_right(known.starts, pc) - 1
     return at >= 0 and pc <= known.executable[at][1]
-
-
-def _holding(history: tuple[tuple[FileMapping, ...], ...], pc: int) -> FileMapping | None:
-    """The newest mapping of `history` that holds `pc` (or ends at it: a return address
-    after a mapping's last call)."""
-    for files in history:
-        for mapping in files:
-            if mapping.start <= pc <= mapping.end:
-                return mapping
-    return None
 
 
 def _with_missed(known: _Known, pcs: Sequence[int], before: _Known | None) -> _Known:
