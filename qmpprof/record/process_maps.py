@@ -197,15 +197,15 @@ async def _with_build_ids(
 
 async def read_parent_maps(
     memory: MemoryBackend, vcpu: int, layout: MapsLayout, parent: int, cache: PageCache | None
-) -> tuple[tuple[FileMapping, ...], int]:
+) -> tuple[tuple[FileMapping, ...] | None, int]:
     """The file mappings of the task at `parent`, which does not run on `vcpu` (its
     VMAs are kernel memory): build-ids from the page cache only, never through the
-    vCPU's page tables, which are another mm's (none without `cache`); () when its
+    vCPU's page tables, which are another mm's (none without `cache`); None when its
     kernel memory could not be read. With the reads it took."""
     reader = PageReader(memory, vcpu)
     files = await reader.run(MapsWalk(layout, parent).advance)
     if files is UNREADABLE:
-        return (), reader.reads
+        return None, reader.reads
 
     def page_cache_only(source: FileSource) -> MemoryBackend:
         assert cache is not None
@@ -388,9 +388,9 @@ class ProcessMaps:
             self._memory, vcpu, self._layout, task, self._page_cache
         )
         self.stats.walks += 1
-        self.stats.failed += reads > 0 and not files
+        self.stats.failed += files is None
         self.stats.reads += reads
-        return files
+        return files or ()
 
     def _walk_again(self, known: _Known, pcs: Sequence[int], eager: bool = True) -> _Walk:
         """Whether an address space is walked again for `pcs` now, and why (module

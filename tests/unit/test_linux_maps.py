@@ -531,3 +531,13 @@ def test_a_walk_again_reads_no_build_id_it_read_before() -> None:
     assert first and all(mapping.build_id for mapping in first)
     assert asyncio.run(maps.maps_for(registers(0x401000), task)) == first
     assert maps.stats.walks == 2 and 0 < guest.reads - reads < reads
+
+
+def test_a_parent_with_no_maps_is_a_walk_that_did_not_fail() -> None:
+    """A process forked by one with no mm (a kernel thread's usermode helper): the
+    parent's walk finds nothing, which the summary must not count as a failed walk."""
+    maps, guest, parent, child = parent_and_child()
+    layout = gdb_layout(CAUGHT[0][0])
+    poke(guest, parent + layout.task_mm, 0)
+    asyncio.run(maps.maps_for(at(0x401000, 0x2000), child, process=42))
+    assert (maps.stats.walks, maps.stats.failed) == (2, 0)
