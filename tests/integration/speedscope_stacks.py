@@ -1,9 +1,13 @@
 """A recording's samples read back from its speedscope file, each as its frames (name
-and module), by the task label qmpprof gave it."""
+and module), by the task label qmpprof gave it; `recorded_stacks` records and reads."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
+
+from tests.integration.conftest import run_cached
 
 
 @dataclass(frozen=True)
@@ -29,3 +33,12 @@ def stacks_by_label(document: dict[str, object]) -> dict[str, list[Stack]]:
         samples = [tuple(frames[i] for i in sample) for sample in profile["samples"]]
         stacks.setdefault(label, []).extend(samples)
     return stacks
+
+
+def recorded_stacks(directory: Path, *args: str) -> tuple[dict[str, list[Stack]], str]:
+    """`qmpprof ARGS -o DIRECTORY/out.speedscope.json` run (with the session's derived
+    cache), which must succeed: its stacks by label, and what it printed on stderr."""
+    output = directory / "out.speedscope.json"
+    done = run_cached(*args, "-o", str(output))
+    assert done.returncode == 0, done.stderr
+    return stacks_by_label(json.loads(output.read_text())), done.stderr

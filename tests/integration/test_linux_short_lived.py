@@ -27,14 +27,13 @@ memory (qmpprof names only that first frame).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 
 import pytest
 
 from tests.integration.conftest import run_cached
-from tests.integration.speedscope_stacks import Stack, stacks_by_label
+from tests.integration.speedscope_stacks import Stack, recorded_stacks
 from tests.linux_vm import MID_SWITCH, LinuxGuest, kernel_abis, running_linux
 
 pytestmark = pytest.mark.integration
@@ -66,11 +65,8 @@ def children(
     spawner_guest: LinuxGuest, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, list[Stack]]:
     """Each child's samples in a 10 s recording, by its label."""
-    output = tmp_path_factory.mktemp("record") / "children.speedscope.json"
-    target = ("--qmp-socket", spawner_guest.qmp, "--unwind-paused")
-    done = run_cached(*target, "--duration", "10", "-o", str(output))
-    assert done.returncode == 0, done.stderr
-    stacks = stacks_by_label(json.loads(output.read_text()))
+    target = ("--qmp-socket", spawner_guest.qmp, "--unwind-paused", "--duration", "10")
+    stacks, _ = recorded_stacks(tmp_path_factory.mktemp("record"), *target)
     return {label: found for label, found in stacks.items() if CHILD.match(label)}
 
 

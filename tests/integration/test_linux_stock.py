@@ -31,7 +31,6 @@ the next task's CR3 is loaded, and qmpprof names the old task's first user frame
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -43,8 +42,7 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from tests.elf_tools import nm_functions
-from tests.integration.conftest import run_cached
-from tests.integration.speedscope_stacks import Frame, Stack, stacks_by_label
+from tests.integration.speedscope_stacks import Frame, Stack, recorded_stacks
 from tests.linux_vm import MID_SWITCH, LinuxGuest, kernel_abis, running_linux, started_pids
 
 pytestmark = pytest.mark.integration
@@ -103,12 +101,10 @@ def recorded(
     stock_guest: LinuxGuest, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, list[Stack]]:
     """Every task's samples of a SECONDS recording with no files, by its label."""
-    output = tmp_path_factory.mktemp("record") / "out.speedscope.json"
-    target = ("--qmp-socket", stock_guest.qmp, "--duration", str(SECONDS), "-o", str(output))
-    done = run_cached("record", *target)
-    assert done.returncode == 0, done.stderr
-    print(done.stderr.strip().splitlines()[0] if done.stderr.strip() else "")
-    return stacks_by_label(json.loads(output.read_text()))
+    target = ("--qmp-socket", stock_guest.qmp, "--duration", str(SECONDS))
+    stacks, said = recorded_stacks(tmp_path_factory.mktemp("record"), "record", *target)
+    print(said.strip().splitlines()[0] if said.strip() else "")
+    return stacks
 
 
 def is_user(frame: Frame) -> bool:
