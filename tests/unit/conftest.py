@@ -110,3 +110,17 @@ def chain_capture(
     out = tmp_path_factory.mktemp(name)
     elf = build_elf("cfi_chain.c", out, "-g", "-static", *CHAIN_BUILDS[name])
     return name, elf, capture_with_gdb(elf, CHAIN_FUNCTIONS, out / "stops.jsonl")
+
+
+class NoFunctionFacts:
+    """What a unit test's CfiLookup knows of no function but by its rows: no function
+    starts (by symbol), no word sizes (the unwind's own word everywhere)."""
+
+    def function_start(self, address: int) -> int | None:
+        return None
+
+    def word_size(self, address: int) -> int | None:
+        return None
+
+    def words(self) -> frozenset[int]:
+        return frozenset()

@@ -28,6 +28,7 @@ from qmpprof.modules import Module, load_module
 from qmpprof.unwind.rules import DWARF_REGISTER_NAMES, REGISTER_COUNT, RIP, RSP, UnwindRow
 from qmpprof.unwind.unwinder import unwind
 from tests.linux_vm import nm_symbols
+from tests.unit.conftest import NoFunctionFacts
 
 CACHE = Path.home() / ".cache" / "qmpprof" / "linux"
 ABIS = ("5.10.0-46-amd64", "6.1.0-50-amd64", "6.12.95+deb12-amd64")
@@ -130,7 +131,7 @@ class Machine:
         return [frame.address for frame in stack.frames]
 
 
-class KernelRows:
+class KernelRows(NoFunctionFacts):
     """The kernel's (mended) ORC as the unwinder asks for it; no rows for user code."""
 
     def __init__(self, module: Module) -> None:
@@ -142,15 +143,6 @@ class KernelRows:
 
     def starts_function(self, address: int) -> bool:
         return self.module.symbols.starts_at(address)
-
-    def function_start(self, address: int) -> int | None:
-        return None
-
-    def word_size(self, address: int) -> int | None:
-        return None
-
-    def words(self) -> frozenset[int]:
-        return frozenset()
 
 
 @pytest.mark.parametrize("abi", ABIS)

@@ -33,6 +33,7 @@ from qmpprof.unwind.orc import (
 )
 from qmpprof.unwind.rules import RBP, REGISTER_COUNT, RIP, RSP
 from qmpprof.unwind.unwinder import unwind
+from tests.unit.conftest import NoFunctionFacts
 
 DATA = Path(__file__).parent / "data" / "orc"
 KERNELS = ("debian-6.1.0-50", "debian-6.12.95")
@@ -335,7 +336,7 @@ THUNKS = (
 )
 
 
-class _ThunkCfi:
+class _ThunkCfi(NoFunctionFacts):
     """The kernel's ORC where it has an entry for the thunk (6.1: the end of the stack),
     nothing elsewhere (the sampled entries around are other functions'); its symbol."""
 
@@ -351,15 +352,6 @@ class _ThunkCfi:
 
     def starts_function(self, address: int) -> bool:
         return address == self._thunk.address
-
-    def function_start(self, address: int) -> int | None:
-        return None
-
-    def word_size(self, address: int) -> int | None:
-        return None
-
-    def words(self) -> frozenset[int]:
-        return frozenset()
 
 
 def _thunk_cases() -> list[Any]:
