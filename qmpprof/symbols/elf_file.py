@@ -178,3 +178,21 @@ def _build_id_bytes(desc: object) -> bytes | None:
         return bytes.fromhex(desc)
     except ValueError:
         return None
+
+
+def linked_bytes(path: Path, address: int, size: int) -> bytes | None:
+    """Up to `size` bytes the ELF at `path` holds at link address `address`, to the end
+    of the section with contents that holds it; None when none does (or the file is
+    not an ELF we can read)."""
+    try:
+        with open_elf(path) as elf:
+            for section in elf.iter_sections():
+                start, length = section["sh_addr"], section["sh_size"]
+                if section["sh_type"] != "SHT_PROGBITS" or not start <= address < start + length:
+                    continue
+                section.stream.seek(section["sh_offset"] + address - start)
+                data: bytes = section.stream.read(min(size, start + length - address))
+                return data
+    except BadElf:
+        return None
+    return None

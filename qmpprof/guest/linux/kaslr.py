@@ -19,9 +19,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from qmpprof.errors import BadElf
 from qmpprof.symbols.elf import SymbolTable
-from qmpprof.symbols.elf_file import open_elf
+from qmpprof.symbols.elf_file import linked_bytes
 from qmpprof.visible import visible
 
 #: The handler of vector 0, by kernel version.
@@ -85,18 +84,8 @@ def divide_error_symbol(symbols: SymbolTable) -> int | None:
 def linked_string(path: Path, address: int) -> bytes | None:
     """The NUL-terminated bytes the ELF at `path` holds at link address `address` (at
     most MAX_BANNER, NUL excluded); None when no section with contents holds it."""
-    try:
-        with open_elf(path) as elf:
-            for section in elf.iter_sections():
-                start, size = section["sh_addr"], section["sh_size"]
-                if section["sh_type"] != "SHT_PROGBITS" or not start <= address < start + size:
-                    continue
-                section.stream.seek(section["sh_offset"] + address - start)
-                data: bytes = section.stream.read(min(MAX_BANNER, start + size - address))
-                return data.split(b"\0", 1)[0]
-    except BadElf:
-        return None
-    return None
+    data = linked_bytes(path, address, MAX_BANNER)
+    return None if data is None else data.split(b"\0", 1)[0]
 
 
 def mismatch_no_slide(kernel: str, handler: int, symbols: SymbolTable) -> str:

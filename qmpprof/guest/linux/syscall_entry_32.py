@@ -30,14 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
-from qmpprof.errors import BadElf
 from qmpprof.guest.adapter import KernelFacts, UserRegisters
 from qmpprof.guest.dwarf_types import Member
 from qmpprof.memory import MemoryReader, read_word
 from qmpprof.model import RegisterSet
-from qmpprof.symbols.elf_file import open_elf
+from qmpprof.symbols.elf_file import linked_bytes
 from qmpprof.unwind.callsite import DIRECT_CALL, DIRECT_CALL_BYTES, direct_call_target
 from qmpprof.unwind.rules import RBP, REGISTER_COUNT, RIP, RSP
 
@@ -200,22 +198,9 @@ def _window(facts: KernelFacts, entry: str, handler: str) -> range | None:
     if entry not in symbols or handler not in symbols:
         return None
     start = symbols[entry]
-    end = call_return(_elf_code(facts.path, start, MAX_ENTRY_BYTES), start, symbols[handler])
+    code = linked_bytes(facts.path, start, MAX_ENTRY_BYTES) or b""
+    end = call_return(code, start, symbols[handler])
     return None if end is None else range(start, end)
-
-
-def _elf_code(path: Path, address: int, size: int) -> bytes:
-    """Up to `size` bytes of the ELF's allocated section at `address`; b"" if none."""
-    try:
-        with open_elf(path) as elf:
-            for section in elf.iter_sections():
-                start, length = section["sh_addr"], section["sh_size"]
-                if section["sh_type"] == "SHT_PROGBITS" and start <= address < start + length:
-                    elf.stream.seek(section["sh_offset"] + address - start)
-                    return bytes(elf.stream.read(min(size, start + length - address)))
-    except BadElf:
-        pass
-    return b""
 
 
 def _layout(facts: KernelFacts, structs: Mapping[str, Mapping[str, Member]]) -> Layout | None:
