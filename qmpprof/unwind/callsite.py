@@ -13,13 +13,17 @@ RIP-relative, and as long): the check holds for i386 code unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from qmpprof.errors import MemoryFault
 from qmpprof.memory import MemoryReader
 
 _LONGEST_CALL = 8
-#: `call rel32`: its opcode, and its length.
+#: `call rel32`: its opcode, and its length; `jmp rel32`'s opcode (as long, the same
+#: displacement).
 DIRECT_CALL = 0xE8
 DIRECT_CALL_BYTES = 5
+DIRECT_JUMP = 0xE9
 
 
 def follows_call(code: MemoryReader, return_address: int) -> bool | None:
@@ -40,6 +44,22 @@ def direct_call_target(instruction: bytes, return_address: int, word: int = 8) -
         return None
     displacement = int.from_bytes(instruction[1:], "little", signed=True)
     return (return_address + displacement) % (1 << (8 * word))
+
+
+def rel32_branches_to(
+    code: bytes, start: int, target: int, word: int = 8, opcode: int = DIRECT_CALL
+) -> Iterator[int]:
+    """The address after each `call rel32` (`opcode` DIRECT_JUMP: `jmp rel32`) to
+    `target` in `code`, which lies at `start`, in order: a byte scan, where any other
+    match would be a displacement that happens to land on `target`."""
+    mask = (1 << (8 * word)) - 1
+    at = code.find(opcode)
+    while 0 <= at <= len(code) - DIRECT_CALL_BYTES:  # one turn per opcode byte
+        after = at + DIRECT_CALL_BYTES
+        displacement = int.from_bytes(code[at + 1 : after], "little", signed=True)
+        if (start + after + displacement) & mask == target:
+            yield (start + after) & mask
+        at = code.find(opcode, at + 1)
 
 
 def _indirect_call_ends_here(instruction: bytes) -> bool:

@@ -45,7 +45,7 @@ from qmpprof.errors import MemoryFault
 from qmpprof.memory import MemoryReader
 from qmpprof.symbols.elf import Symbol, SymbolTable
 from qmpprof.unwind import rules as r
-from qmpprof.unwind.callsite import DIRECT_CALL, DIRECT_CALL_BYTES, direct_call_target
+from qmpprof.unwind.callsite import DIRECT_JUMP, rel32_branches_to
 from qmpprof.unwind.orc import OrcTable
 
 #: How far from `error_entry` its callers lie: the entry stubs share `.entry.text` with
@@ -76,17 +76,12 @@ def mend_error_entry_returns(
         text = code.read(start, max(end - start, 0))
     except MemoryFault:
         return
-    at = text.find(DIRECT_CALL)
-    while at >= 0:  # one turn per call opcode in 64 KiB
-        after = at + DIRECT_CALL_BYTES
-        returns_to = start + after
-        called = direct_call_target(text[at:after], returns_to)
-        moves = text[after : after + len(_MOVE_TO_RETURNED_STACK)] == _MOVE_TO_RETURNED_STACK
-        if called == error_entry.address and moves:
+    for returns_to in rel32_branches_to(text, start, error_entry.address):
+        after = returns_to - start
+        if text[after : after + len(_MOVE_TO_RETURNED_STACK)] == _MOVE_TO_RETURNED_STACK:
             row = orc.row_for(returns_to + len(_MOVE_TO_RETURNED_STACK))
             if row is not None and row.signal_frame and row.cfa == _REGS_AT_RSP:
                 orc.mend(returns_to, row)  # the caller's lookup (one byte back) is the call's
-        at = text.find(DIRECT_CALL, at + 1)
     _mend_error_entry(orc, symbols, code, error_entry)
 
 
@@ -100,7 +95,6 @@ _PROLOGUE_REACH = 8
 #: push %r12` (the return address in R12 between them).
 _POP_R12 = bytes.fromhex("415c4889e7")
 _PUSH_R12 = _MOVE_TO_RETURNED_STACK + bytes.fromhex("4154")
-_DIRECT_JUMP = 0xE9
 #: The most bytes of `error_entry` (0x120 on Debian's kernels) and `sync_regs` read.
 _ERROR_ENTRY_REACH = 0x200
 #: PT_REGS' first slot (r15): a row that reads it describes a whole pt_regs frame.
@@ -168,16 +162,7 @@ def _mend_sync_regs(
     sync_regs = symbols.find("sync_regs")
     if sync_regs is None:
         return
-    jumps = (
-        at
-        for at in range(len(text) - DIRECT_CALL_BYTES + 1)
-        if text[at] == _DIRECT_JUMP
-        and direct_call_target(
-            bytes([DIRECT_CALL]) + text[at + 1 : at + DIRECT_CALL_BYTES],
-            error_entry.address + at + DIRECT_CALL_BYTES,
-        )
-        == sync_regs.address
-    )
+    jumps = rel32_branches_to(text, error_entry.address, sync_regs.address, opcode=DIRECT_JUMP)
     if next(jumps, None) is None:
         return
     body = _function_code(symbols, code, sync_regs)

@@ -36,7 +36,7 @@ from qmpprof.guest.dwarf_types import Member
 from qmpprof.memory import MemoryReader, read_word
 from qmpprof.model import RegisterSet
 from qmpprof.symbols.elf_file import linked_bytes
-from qmpprof.unwind.callsite import DIRECT_CALL, DIRECT_CALL_BYTES, direct_call_target
+from qmpprof.unwind.callsite import rel32_branches_to
 from qmpprof.unwind.rules import RBP, REGISTER_COUNT, RIP, RSP
 
 #: The entries, each with the C handler it calls once pt_regs are pushed.
@@ -183,14 +183,8 @@ def auxv_value(auxv: bytes, key: int) -> int | None:
 
 def call_return(code: bytes, start: int, target: int) -> int | None:
     """The address after the first `call rel32` to `target` in `code` (which lies at
-    `start`): a byte scan, where only a call's own displacement could land on `target`."""
-    for at in range(len(code) - DIRECT_CALL_BYTES + 1):
-        if code[at] != DIRECT_CALL:
-            continue
-        after = (start + at + DIRECT_CALL_BYTES) & _MASK
-        if direct_call_target(code[at : at + DIRECT_CALL_BYTES], after, 4) == target:
-            return after
-    return None
+    `start`)."""
+    return next(rel32_branches_to(code, start, target, 4), None)
 
 
 def _window(facts: KernelFacts, entry: str, handler: str) -> range | None:
