@@ -342,7 +342,8 @@ class ProcessMaps:
         known = self._known.get(key)
         if not user_pcs and registers.cpl == 3:
             user_pcs = (registers.rip,)
-        why = _Walk.NEEDED if known is None else self._walk_again(known, user_pcs, eager)
+        outside = user_pcs if known is None else _outside(known, user_pcs)
+        why = _Walk.NEEDED if known is None else self._walk_again(known, outside, eager)
         if known is None or why is not _Walk.NO:
             done = await self._read(registers, task, known, process, why is _Walk.LOADING)
             if done is None:
@@ -353,15 +354,17 @@ class ProcessMaps:
             if len(self._known) >= MAX_KNOWN:
                 self._known.clear()
             known = self._known[key] = _with_missed(done, user_pcs, known)
+            outside = _outside(known, user_pcs)
         if known.switching:  # only the first user pc, from the task's own pt_regs
             return self._earlier(process, (), user_pcs[:1]) or ()
-        outside = [pc for pc in user_pcs if not _in_code(known, pc)]
         return self._earlier(process, known.files, outside) or known.files
 
     def would_walk(self, registers: RegisterSet, pcs: Sequence[int], process: int | None) -> bool:
         """Whether `maps_for` (not `eager`) would walk the address space for `pcs` now."""
         known = self._known.get((registers.cr3 & _CR3_ADDRESS, process))
-        return known is None or self._walk_again(known, pcs, eager=False) is not _Walk.NO
+        if known is None:
+            return True
+        return self._walk_again(known, _outside(known, pcs), eager=False) is not _Walk.NO
 
     def _earlier(
         self, process: int | None, files: tuple[FileMapping, ...] | None, pcs: Sequence[int]
@@ -392,13 +395,12 @@ class ProcessMaps:
         self.stats.reads += reads
         return files or ()
 
-    def _walk_again(self, known: _Known, pcs: Sequence[int], eager: bool = True) -> _Walk:
-        """Whether an address space is walked again for `pcs` now, and why (module
-        docstring): not when each lies in its known code, unless `eager` and it is new
-        (_loading). A page of code the last walks did not find either (the program that
-        called execve, whose registers an exec's samples still hold) waits for the next
-        REREAD_INTERVAL_S."""
-        outside = [pc for pc in pcs if not _in_code(known, pc)]
+    def _walk_again(self, known: _Known, outside: Sequence[int], eager: bool = True) -> _Walk:
+        """Whether an address space is walked again now, and why (module docstring), for
+        the user pcs `outside` its known code: not when there are none, unless `eager`
+        and it is new (_loading). A page of code the last walks did not find either (the
+        program that called execve, whose registers an exec's samples still hold) waits
+        for the next REREAD_INTERVAL_S."""
         now = self._clock()
         if known.files is not None and not outside:
             return _Walk.LOADING if eager and _loading(known, now) else _Walk.NO
@@ -654,6 +656,11 @@ def _loading(known: _Known, now: float) -> bool:
     return young and not known.switching and known.eager < LOADING_WALKS
 
 
+def _outside(known: _Known, pcs: Sequence[int]) -> list[int]:
+    """The pcs in no executable range the walk found."""
+    return [pc for pc in pcs if not _in_code(known, pc)]
+
+
 def _in_code(known: _Known, pc: int) -> bool:
     """Whether `pc` lies in an executable range the walk found (or just past one: a
     return address after a mapping's last call). The ranges are VMAs, by start: the one
@@ -666,7 +673,7 @@ def _in_code(known: _Known, pc: int) -> bool:
 def _with_missed(known: _Known, pcs: Sequence[int], before: _Known | None) -> _Known:
     """`known` with the pages of `pcs` it has no code at added to those missed before
     (MAX_MISSED pages at most: more start over)."""
-    missed = {pc // PAGE_SIZE for pc in pcs if not _in_code(known, pc)}
+    missed = {pc // PAGE_SIZE for pc in _outside(known, pcs)}
     if before is not None and len(before.missed) + len(missed) <= MAX_MISSED:
         missed |= before.missed
     return replace(known, missed=frozenset(missed))
